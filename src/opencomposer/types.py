@@ -1,0 +1,223 @@
+"""The typed records that cross every boundary of opencomposer.
+
+A rollout is recorded token in, token out: the trainer trains on exactly the ids the sampler
+produced and the ids the environment appended, never on a re-tokenised transcript. The records
+here are plain dataclasses with documented shapes; they hold NumPy arrays or Python lists, never
+torch tensors (``TrainBatch`` is the one exception, built by the trainer), so this module imports
+neither torch nor anything heavy.
+
+Hierarchy: ``Task`` → (G rollouts) → ``Group`` of ``Episode`` → ``Segment`` (one context window)
+→ ``Turn`` (one model action plus what the environment appended after it).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+class TokenKind(enum.IntEnum):
+    """What a token is, for the length penalty (RECIPE.md §4) and the metrics.
+
+    Model-written kinds: THINKING, TOOL_CALL, FINAL_MESSAGE, SUMMARY. Environment-written kinds:
+    TOOL_OUTPUT (tool results and the chat-template glue around them) and PROMPT.
+    """
+
+    PROMPT = 0
+    THINKING = 1
+    TOOL_CALL = 2
+    FINAL_MESSAGE = 3
+    TOOL_OUTPUT = 4
+    SUMMARY = 5
+
+
+MODEL_KINDS = frozenset({TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.FINAL_MESSAGE, TokenKind.SUMMARY})
+
+
+class EpisodeStatus(str, enum.Enum):
+    """How a rollout ended. Only OK and TIMEOUT episodes are scored; INFRA_ERROR episodes are
+    excluded from group means and from the loss, never counted as a zero reward."""
+
+    OK = "ok"
+    TIMEOUT = "timeout"  # the agent ran out of a budget: a legitimate, scored outcome
+    INFRA_ERROR = "infra_error"  # the sandbox, the engine or the grader failed: not the policy's fault
+
+
+@dataclass
+class Budgets:
+    """Per-episode limits; ``None`` means unlimited."""
+
+    max_turns: int | None = 20
+    max_tokens: int | None = 16_384  # model plus environment tokens over all segments
+    max_wall_s: float | None = 600.0
+    max_cost: float | None = None  # in the policy's currency (USD for hosted models)
+
+
+@dataclass
+class Task:
+    """One unit of work for the agent: a repository snapshot, an instruction and hidden tests.
+
+    ``repo`` is a directory copied into the sandbox workspace; ``tests_dir`` holds hidden tests that
+    the grader copies in after the agent finished (the agent never sees them).
+    """
+
+    id: str
+    instruction: str
+    repo: Path
+    test_command: str = "python -m pytest -q"
+    tests_dir: Path | None = None
+    fail_to_pass: list[str] = field(default_factory=list)
+    pass_to_pass: list[str] = field(default_factory=list)
+    protected_paths: list[str] = field(default_factory=list)  # restored from the task before grading
+    budgets: Budgets = field(default_factory=Budgets)
+    metadata: dict[str, Any] = field(default_factory=dict)  # source, family, difficulty, ...
+    gold_patch: str | None = None
+    rubric: dict[str, Any] | None = None
+    path: Path | None = None  # the task folder this was loaded from, if any
+
+
+@dataclass
+class ToolCall:
+    """A parsed tool call. ``id`` pairs it with its result in the transcript."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass
+class Message:
+    """A chat message, the unit the chat template renders. Roles: system, user, assistant, tool."""
+
+    role: str
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class Turn:
+    """One model action and what the environment appended after it.
+
+    The context after this turn is ``previous context + token_ids + observation_ids``.
+    ``routes`` is ``[len(token_ids), moe_layers, top_k]`` (uint8 or uint16) for MoE policies that
+    report the experts they used, else None.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]  # sampler log-probability of each token in token_ids
+    token_kinds: list[TokenKind]  # kind of each token in token_ids
+    text: str = ""
+    routes: np.ndarray | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    observation_ids: list[int] = field(default_factory=list)  # appended by the environment
+    observation_kinds: list[TokenKind] = field(default_factory=list)
+    policy_version: int = 0
+    finish_reason: str = ""
+    format_error: str | None = None  # set when the turn could not be parsed into tool calls
+    rejected_tool_calls: int = 0  # calls that failed argument checks
+
+
+@dataclass
+class Segment:
+    """One context window of a rollout: the prompt ids it started from and the turns inside it.
+    A self-summary closes a segment and opens the next with a fresh prompt."""
+
+    prompt_ids: list[int]
+    turns: list[Turn] = field(default_factory=list)
+
+    def token_ids(self) -> list[int]:
+        """The whole context of this segment as the model saw it (prompt, then every turn)."""
+        ids = list(self.prompt_ids)
+        for turn in self.turns:
+            ids += turn.token_ids
+            ids += turn.observation_ids
+        return ids
+
+    def loss_mask(self) -> list[bool]:
+        """True on model-sampled tokens, the only ones the policy gradient trains on."""
+        mask = [False] * len(self.prompt_ids)
+        for turn in self.turns:
+            mask += [True] * len(turn.token_ids)
+            mask += [False] * len(turn.observation_ids)
+        return mask
+
+
+@dataclass
+class Episode:
+    """One rollout of one task: a chain of segments, its reward and its bookkeeping."""
+
+    task_id: str
+    segments: list[Segment] = field(default_factory=list)
+    status: EpisodeStatus = EpisodeStatus.OK
+    reward: float = 0.0
+    reward_terms: dict[str, float] = field(default_factory=dict)  # every named term, for logging
+    metrics: dict[str, float] = field(default_factory=dict)  # wall time, cost, grader numbers, ...
+    error: str | None = None  # what failed, for INFRA_ERROR and TIMEOUT
+    final_message: str | None = None
+    diff: str | None = None  # the agent's change to the repo
+    sample_index: int = 0  # position inside its group
+
+    @property
+    def turns(self) -> list[Turn]:
+        return [turn for segment in self.segments for turn in segment.turns]
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return sorted({turn.policy_version for turn in self.turns})
+
+    def token_counts(self) -> dict[str, int]:
+        """Tokens by kind over the whole chain, plus tool calls and turns (length-penalty inputs)."""
+        counts = {kind.name.lower(): 0 for kind in TokenKind}
+        for segment in self.segments:
+            counts["prompt"] += len(segment.prompt_ids)
+            for turn in segment.turns:
+                for kind in (*turn.token_kinds, *turn.observation_kinds):
+                    counts[TokenKind(kind).name.lower()] += 1
+        counts["tool_calls"] = sum(len(turn.tool_calls) for turn in self.turns)
+        counts["turns"] = len(self.turns)
+        return counts
+
+    @property
+    def scored(self) -> bool:
+        return self.status != EpisodeStatus.INFRA_ERROR
+
+
+@dataclass
+class Group:
+    """The G episodes sampled for one task, with their advantages (one number per episode,
+    shared by every model token of that episode, summaries included)."""
+
+    task: Task
+    episodes: list[Episode]
+    advantages: list[float] = field(default_factory=list)
+
+
+@dataclass
+class TrainBatch:
+    """Packed tensors for one optimiser step; every tensor is ``[rows, seq_len]`` unless noted.
+
+    Built by the trainer from episodes. ``loss_mask`` is 1 on model-sampled target tokens;
+    ``advantages`` is the per-token advantage (0 where masked); ``sampler_logprobs`` and
+    ``ref_logprobs`` are aligned with the *target* token at each position; ``routes`` is
+    ``[rows, seq_len, moe_layers, top_k]`` or None; ``segment_ids`` separates packed sequences.
+    """
+
+    input_ids: torch.Tensor
+    target_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    position_ids: torch.Tensor
+    segment_ids: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    routes: torch.Tensor | None = None
+    num_episodes: int = 0
