@@ -10,6 +10,7 @@ are skipped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import site
@@ -66,6 +67,12 @@ def source_roots(sources: list[str]) -> list[tuple[str, Path]]:
 
 
 def _candidates(roots: list[tuple[str, Path]], config: CorpusConfig) -> list[tuple[str, Path, str]]:
+    return _scan(tuple(roots), config.min_file_bytes, config.max_file_bytes)
+
+
+@functools.lru_cache(maxsize=8)
+def _scan(roots: tuple[tuple[str, Path], ...], min_bytes: int, max_bytes: int) -> list[tuple[str, Path, str]]:
+    """Every candidate file, sorted by (source, relative path); cached per process."""
     found: dict[tuple[str, str], Path] = {}
     for label, root in roots:
         stdlib_site = root / "site-packages"
@@ -76,7 +83,7 @@ def _candidates(roots: list[tuple[str, Path]], config: CorpusConfig) -> list[tup
                 size = path.stat().st_size
             except OSError:
                 continue
-            if config.min_file_bytes <= size <= config.max_file_bytes:
+            if min_bytes <= size <= max_bytes:
                 found.setdefault((label, path.relative_to(root).as_posix()), path)
     return [(label, path, rel) for (label, rel), path in sorted(found.items())]
 

@@ -1,0 +1,218 @@
+"""Load and save causal LMs: tiny MoEs from a config, SmolLM2 from its wheel, any HF folder.
+
+``load_model(spec)`` returns ``(model, tokenizer)``; ``save_checkpoint`` writes a folder that plain
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load (safetensors,
+tokenizer with the chat template, generation config).
+
+Tiny models are the ones the demo and the tests train on CPU: a Qwen3-MoE (the family of the
+report's Qwen3-Coder-30B-A3B experiment) and a DeepSeek-V3 (the Kimi K2.5 family), both random
+init, with our own byte-level BPE tokenizer trained on the local code corpus (cached on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opencomposer.config import ConfigError, CorpusConfig, ModelConfig, TokenizerConfig
+from opencomposer.model.tokenizer import END_OF_TEXT, IM_END, load_tokenizer, stop_token_ids
+
+TINY_KINDS = ("tiny_moe", "tiny_deepseek_v3")
+
+
+def cache_dir() -> Path:
+    """Where downloaded wheels, converted checkpoints and trained tokenizers are cached."""
+    root = os.environ.get("OPENCOMPOSER_HOME") or Path.home() / ".cache" / "opencomposer"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def resolve_spec(spec: ModelConfig | str | Path) -> ModelConfig:
+    """Accept a ModelConfig, a kind name (``"tiny_moe"``, ``"smollm2"``, ...) or a checkpoint folder."""
+    if isinstance(spec, ModelConfig):
+        spec.validate()
+        return spec
+    text = str(spec)
+    if text in ("tiny_moe", "tiny_deepseek_v3", "smollm2"):
+        return ModelConfig(kind=text)
+    if Path(text).is_dir():
+        return ModelConfig(kind="hf", path=text)
+    raise ConfigError(
+        f"model spec {text!r}: expected 'tiny_moe', 'tiny_deepseek_v3', 'smollm2' or a checkpoint folder"
+    )
+
+
+def load_model(
+    spec: ModelConfig | str | Path,
+    tokenizer: Any = None,
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.nn.Module, Any]:
+    """Build or load a causal LM and its tokenizer. Tiny kinds are randomly initialised from
+    ``seed`` unless ``spec.path`` names a saved checkpoint to resume from."""
+    config = resolve_spec(spec)
+    dtype = getattr(torch, config.dtype)
+    if config.kind == "smollm2":
+        from opencomposer.model.smollm2 import fetch_smollm2
+
+        path = fetch_smollm2()
+        return _load_folder(path, dtype, device)
+    if config.kind == "hf" or config.path:
+        return _load_folder(Path(config.path), dtype, device)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.tokenizer_path) if config.tokenizer_path else default_tokenizer()
+    hf_config = tiny_config(config, tokenizer)
+    torch.manual_seed(seed)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    model.generation_config.eos_token_id = stop_token_ids(tokenizer)
+    model.generation_config.pad_token_id = hf_config.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def _load_folder(path: Path, dtype: torch.dtype, device: str | torch.device) -> tuple[torch.nn.Module, Any]:
+    from transformers import AutoModelForCausalLM
+
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model.path: {path} is not a checkpoint folder (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    tokenizer = load_tokenizer(path)
+    return model.to(device).eval(), tokenizer
+
+
+def tiny_config(config: ModelConfig, tokenizer: Any) -> Any:
+    """A transformers config for the tiny kinds, sized by ``config``; vocab from the tokenizer."""
+    from transformers import DeepseekV3Config, Qwen3MoeConfig
+
+    vocab_size = config.vocab_size or len(tokenizer)
+    if vocab_size < len(tokenizer):
+        raise ConfigError(f"model.vocab_size: {vocab_size} is smaller than the tokenizer ({len(tokenizer)})")
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        moe_intermediate_size=config.moe_intermediate_size,
+        intermediate_size=config.intermediate_size,
+        num_experts_per_tok=config.top_k,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(END_OF_TEXT),
+        rms_norm_eps=1e-6,
+    )
+    if config.kind == "tiny_moe":
+        return Qwen3MoeConfig(
+            **common,
+            head_dim=config.head_dim,
+            num_experts=config.num_experts,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        )
+    if config.num_experts % 2:
+        raise ConfigError(f"model.num_experts: tiny_deepseek_v3 needs an even count (2 groups), got {config.num_experts}")
+    common["num_key_value_heads"] = config.num_heads  # multi-head latent attention has no GQA
+    return DeepseekV3Config(
+        **common,
+        n_routed_experts=config.num_experts,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1 if config.top_k <= config.num_experts // 2 else 2,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.0,
+        kv_lora_rank=config.head_dim,
+        q_lora_rank=2 * config.head_dim,
+        qk_rope_head_dim=config.head_dim // 2,
+        qk_nope_head_dim=config.head_dim,
+        v_head_dim=config.head_dim,
+        num_mtp_layers=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    )
+
+
+def default_tokenizer(
+    corpus: CorpusConfig | None = None, tokenizer: TokenizerConfig | None = None, seed: int = 0
+) -> Any:
+    """The BPE tokenizer trained on the local code corpus, cached per (config, Python installation)."""
+    corpus = corpus or CorpusConfig()
+    tokenizer = tokenizer or TokenizerConfig()
+    key = hashlib.sha256(repr((asdict(corpus), asdict(tokenizer), seed, sys.prefix, sys.version)).encode())
+    path = cache_dir() / "tokenizers" / key.hexdigest()[:16]
+    if (path / "tokenizer.json").is_file():
+        return load_tokenizer(path)
+    from opencomposer.model.tokenizer import train_tokenizer
+    from opencomposer.pretrain.corpus import build_corpus
+
+    files = build_corpus(corpus, seed=seed).train[: tokenizer.train_files]
+    trained = train_tokenizer((f.text for f in files), tokenizer.vocab_size)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    trained.save_pretrained(str(tmp))
+    try:
+        tmp.replace(path)
+    except OSError:  # another process cached it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return load_tokenizer(path)
+
+
+def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> Path:
+    """Write a folder loadable by ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer``.
+
+    A GGUF origin leaves a ``quantization_config`` behind although the weights are already
+    dequantised; it is dropped so the folder loads as a plain checkpoint.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    if hasattr(model, "hf_quantizer"):
+        model.hf_quantizer = None
+    model.save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Total, expert and active-per-token parameter counts (active counts top-k experts only)."""
+    total = sum(p.numel() for p in model.parameters())
+    expert = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    config = model.config
+    num = getattr(config, "num_experts", None) or getattr(config, "n_routed_experts", None) or 0
+    top_k = getattr(config, "num_experts_per_tok", 0) or 0
+    active = total - expert + (expert * top_k // num if num else 0)
+    return {"total": total, "experts": expert, "active": active}
+
+
+def info_main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from opencomposer.config import load_recipe
+    from opencomposer.model.routing import moe_routers
+
+    config = load_recipe(args.recipe, args.overrides)
+    model, tokenizer = load_model(config.model, seed=config.run.seed)
+    counts = parameter_counts(model)
+    table = Table(title=f"{config.model.kind}: {type(model).__name__}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("parameters", f"{counts['total']:,}")
+    table.add_row("expert parameters", f"{counts['experts']:,}")
+    table.add_row("active parameters / token", f"{counts['active']:,}")
+    table.add_row("MoE layers", str(len(moe_routers(model))))
+    table.add_row("vocabulary", f"{len(tokenizer):,}")
+    Console().print(table)
+    return 0
