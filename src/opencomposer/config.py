@@ -164,6 +164,367 @@ class SamplingConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """Where model-written commands run (``opencomposer.envs.sandbox``; DESIGN.md, Sandbox)."""
+
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    """``bwrap``: each command runs in a bubblewrap jail (no network, tmpfs root with read-only
+    system binds, the workspace read-write, new PID namespace, unprivileged uid, rlimits).
+    ``none``: commands run on the host with rlimits only. Never use it for untrusted models; it
+    exists for machines without bubblewrap and prints a warning every time a sandbox starts."""
+    timeout_s: float = 60.0
+    """Wall-clock limit of one command when the caller gives none; the whole process tree is killed."""
+    max_timeout_s: float = 600.0
+    """Largest wall-clock limit a tool call may ask for (larger requests are clamped)."""
+    cpu_s: int = 300
+    """CPU seconds per process (RLIMIT_CPU)."""
+    memory_mb: int = 4096
+    """Address space per process (RLIMIT_AS), in MiB."""
+    file_size_mb: int = 256
+    """Largest file a command may write (RLIMIT_FSIZE), in MiB."""
+    max_processes: int = 256
+    """Processes and threads alive at once inside one sandbox (pids cgroup as root, else RLIMIT_NPROC
+    on top of the user's current count)."""
+    tmp_size_mb: int = 512
+    """Size of the private ``/tmp`` tmpfs, in MiB."""
+    output_limit_bytes: int = 1_000_000
+    """Output kept per command: the first and the last half of this many bytes; the middle is dropped."""
+    max_output_mb: int = 64
+    """A command that prints more than this many MiB is stopped."""
+    ro_binds: list[str] = field(default_factory=list)
+    """Extra absolute host paths bound read-only at the same place (for example a project's virtualenv)."""
+    root_dir: str = ""
+    """Folder where workspaces are created; empty uses the system temporary folder."""
+    shell: str = "/bin/bash"
+    """Shell that runs each command (``shell -c COMMAND``); /bin/sh when this one is missing."""
+
+    def validate(self) -> None:
+        for name in ("timeout_s", "max_timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes",
+                     "tmp_size_mb", "output_limit_bytes", "max_output_mb"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"sandbox.{name}: must be positive, got {getattr(self, name)}")
+        if self.timeout_s > self.max_timeout_s:
+            raise ConfigError(
+                f"sandbox.timeout_s: {self.timeout_s} exceeds sandbox.max_timeout_s = {self.max_timeout_s}"
+            )
+        for path in self.ro_binds:
+            if not path.startswith("/"):
+                raise ConfigError(f"sandbox.ro_binds: {path!r} is not an absolute path")
+
+
+@dataclass
+class HttpPolicyConfig:
+    """An OpenAI-compatible chat-completions endpoint (hosted models, vLLM or SGLang servers)."""
+
+    base_url: str = "https://api.openai.com/v1"
+    """Endpoint root; ``/chat/completions`` is appended."""
+    model: str = ""
+    """Model name sent with each request; ``--policy openai:NAME`` overrides it."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key (never put the key in a recipe); may be unset for
+    local servers."""
+    max_retries: int = 5
+    """Retries of a request that failed with a network error, 429 or 5xx."""
+    backoff_s: float = 1.0
+    """First retry delay; doubled after each failure (honours ``Retry-After``)."""
+    request_timeout_s: float = 300.0
+    input_cost_per_mtok: float = 0.0
+    """Price of a million prompt tokens, for cost accounting from ``usage``."""
+    output_cost_per_mtok: float = 0.0
+    """Price of a million completion tokens."""
+
+    def validate(self) -> None:
+        if self.max_retries < 0:
+            raise ConfigError(f"agent.http.max_retries: must be >= 0, got {self.max_retries}")
+        if self.backoff_s < 0 or self.request_timeout_s <= 0:
+            raise ConfigError("agent.http.backoff_s must be >= 0 and agent.http.request_timeout_s > 0")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"agent.http.base_url: {self.base_url!r} is not an http(s) URL")
+
+
+@dataclass
+class AgentConfig:
+    """The agent loop (``opencomposer.agent.loop``); per-task budgets come from each task."""
+
+    system_prompt: str = ""
+    """System prompt; empty uses the built-in one (``opencomposer.agent.protocol.SYSTEM_PROMPT``)."""
+    max_observation_chars: int = 12_000
+    """A tool result longer than this is cut to its first and last halves before the model sees it."""
+    context_window: int = 0
+    """Tokens one segment may hold (prompt, turns and tool outputs); 0 takes the model's maximum.
+    Reaching it ends the episode as a budget stop (self-summarisation will close the segment instead)."""
+    http: HttpPolicyConfig = field(default_factory=HttpPolicyConfig)
+
+    def validate(self) -> None:
+        if self.max_observation_chars < 200:
+            raise ConfigError(
+                f"agent.max_observation_chars: must be at least 200, got {self.max_observation_chars}"
+            )
+        if self.context_window < 0:
+            raise ConfigError(f"agent.context_window: must be >= 0, got {self.context_window}")
+
+
+@dataclass
+class GradingConfig:
+    """How finished episodes are graded (``opencomposer.envs.grading``; docs/task-format.md)."""
+
+    timeout_s: float = 900.0
+    """Wall-clock limit of the test command. A run past it scores as failing tests, not as an
+    infrastructure error: code that hangs is the agent's outcome."""
+    per_test_timeout_s: float = 120.0
+    """pytest-timeout limit per test, so a hanging test fails on its own inside the run."""
+    lint: bool = True
+    """Count ruff findings on touched files before and after the change (``lint_added``)."""
+
+    def validate(self) -> None:
+        if self.timeout_s <= 0 or self.per_test_timeout_s <= 0:
+            raise ConfigError("grading.timeout_s and grading.per_test_timeout_s must be positive")
+
+
+@dataclass
+class EvalConfig:
+    """``opencomposer eval`` (``opencomposer.bench.eval``); command-line flags override these."""
+
+    suite: str = ""
+    """Folder of task folders (docs/task-format.md)."""
+    policy: str = "oracle"
+    """Policy spec: ``oracle``, ``noop``, ``local`` (the recipe's model), ``local:CHECKPOINT``, or
+    ``openai:MODEL`` (``agent.http`` says where)."""
+    passes: int = 1
+    """Episodes per task; scores are averaged over passes."""
+    workers: int = 1
+    """Episodes run in parallel, each in its own sandbox."""
+    limit: int = 0
+    """Run only the first N tasks (sorted by id); 0 runs all."""
+    out_dir: str = ""
+    """Where results go; empty uses ``{run.out_dir}/{run.name}/eval``."""
+
+    def validate(self) -> None:
+        if self.passes < 1 or self.workers < 1:
+            raise ConfigError(f"eval.passes and eval.workers must be >= 1, got {self.passes} and {self.workers}")
+        if self.limit < 0:
+            raise ConfigError(f"eval.limit: must be >= 0, got {self.limit}")
+
+
+@dataclass
+class AdvantageConfig:
+    """Group-relative advantages (RECIPE.md §4, report §4.1; ``opencomposer.rl.advantages``)."""
+
+    std_normalize: bool = False
+    """Divide by the group's standard deviation (GRPO). The report does not: it blows up tiny
+    behavioural differences when every rollout of a group is equally correct. Ablation only."""
+    std_eps: float = 1e-6
+    """Added to the standard deviation before dividing (our choice; the report has no division)."""
+
+    def validate(self) -> None:
+        if self.std_eps <= 0:
+            raise ConfigError(f"rl.advantage.std_eps: must be > 0, got {self.std_eps}")
+
+
+@dataclass
+class KLConfig:
+    """KL regulariser to a reference policy (RECIPE.md §4, report §4.1; ``opencomposer.rl.kl``)."""
+
+    estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token estimator of KL(policy ‖ reference). The report uses k1; k3 (GRPO's) and k2 are
+    ablations. k3's variance explodes as the policies drift; k2 is biased."""
+    placement: Literal["reward", "loss"] = "reward"
+    """``reward``: a detached per-episode penalty coef·Σ_t k(t), subtracted from the reward before
+    the advantage (the only placement in which k1 gives the KL gradient). ``loss``: coef·k(t) added
+    to every model token's loss; with k1 its expected gradient is zero (an ablation that proves it)."""
+    coef: float = 0.001
+    """β. The report does not give it; 1e-3 per token keeps a 10k-token episode drifting by 0.01
+    nats per token at a 0.1 reward penalty, a tenth of the ``resolved`` term."""
+    reference: Literal["initial", "none"] = "initial"
+    """``initial``: the checkpoint RL starts from (report silent; our default). ``none``: no KL."""
+
+    def validate(self) -> None:
+        if self.coef < 0:
+            raise ConfigError(f"rl.kl.coef: must be >= 0, got {self.coef}")
+        if self.reference == "none" and self.coef > 0:
+            raise ConfigError(
+                f'rl.kl.coef: {self.coef} needs a reference policy, but rl.kl.reference = "none"; '
+                'set rl.kl.coef = 0 or rl.kl.reference = "initial"'
+            )
+
+
+@dataclass
+class LengthPenaltyConfig:
+    """Length penalty C(x) = ((1+kx)^(1-q) - 1)/(k(1-q)) on a weighted length x (RECIPE.md §4,
+    report §4.2; ``opencomposer.rl.length_penalty``). The report gives no values; ours below."""
+
+    coef: float = 1e-5
+    """Reward units per unit of C. With k = 1e-3, q = 0.5: 0.008 at x = 1k, 0.046 at x = 10k."""
+    k: float = 1e-3
+    """Scale of x at which the penalty starts to bend (1/k ≈ 1000 weighted tokens); > 0."""
+    q: float = 0.5
+    """Curvature: 0 is linear, 1 is logarithmic, > 1 saturates at 1/(k(q-1)); >= 0."""
+    thinking_tokens: float = 1.0
+    """Weight of each thinking token in x."""
+    tool_call_tokens: float = 1.0
+    """Weight of each token the model writes inside tool calls."""
+    tool_output_tokens: float = 0.1
+    """Weight of each tool-output token (the environment writes them; they cost context, not
+    generation, so they weigh less)."""
+    final_message_tokens: float = 1.0
+    """Weight of each final-message token."""
+    tool_calls: float = 10.0
+    """Weight per tool call."""
+    turns: float = 100.0
+    """Weight per turn (model round trip). Larger than ``tool_calls`` so that issuing calls in
+    parallel within one turn is cheaper than issuing them one turn at a time."""
+
+    def validate(self) -> None:
+        if self.k <= 0:
+            raise ConfigError(f"rl.length_penalty.k: must be > 0, got {self.k}")
+        if self.q < 0:
+            raise ConfigError(f"rl.length_penalty.q: must be >= 0 (concave for q > 0), got {self.q}")
+        for name in ("coef", "thinking_tokens", "tool_call_tokens", "tool_output_tokens",
+                     "final_message_tokens", "tool_calls", "turns"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"rl.length_penalty.{name}: must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class RewardConfig:
+    """Weights of the named reward terms (RECIPE.md §4, report §4.2; ``opencomposer.rl.rewards``).
+    Every weight is >= 0; each term's sign is fixed by its definition (penalties subtract). The
+    report names the terms but gives no weights; ours keep correctness dominant."""
+
+    resolved: float = 1.0
+    """Times 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes (and the rubric holds)."""
+    fail_to_pass: float = 0.1
+    """Times the fraction of FAIL_TO_PASS tests that pass (partial credit)."""
+    pass_to_pass: float = 0.1
+    """Times (pass_to_pass fraction - 1): a penalty for breaking tests that used to pass."""
+    succinctness: float = 0.05
+    """Times -log(1 + max(0, ρ - succinctness_slack)), ρ = (lines changed + 1)/(reference lines
+    changed + 1); tasks without a reference change get no succinctness term."""
+    succinctness_slack: float = 2.0
+    """Diffs up to this multiple of the reference change size cost nothing."""
+    lint_added: float = 0.02
+    """Per new lint finding on the touched files (capped at ``count_cap``)."""
+    todo_unfinished: float = 0.05
+    """Per TODO/FIXME/XXX marker the diff leaves behind (capped)."""
+    broken_tool_calls: float = 0.05
+    """Per unparseable turn or rejected tool call (capped)."""
+    reasoning_in_comments: float = 0.05
+    """Per added comment line that reads as the model's reasoning (capped)."""
+    run_tool_collapse: float = 0.1
+    """Once, when every tool call of the episode went to ``run_tool`` (at least
+    ``collapse_min_calls`` calls)."""
+    run_tool: str = "run"
+    """Name of the shell tool whose exclusive use counts as collapse."""
+    collapse_min_calls: int = 3
+    """Fewer calls than this are too few to call it a collapse."""
+    count_cap: int = 5
+    """Counted penalties stop growing after this many occurrences, so one bad habit cannot
+    outweigh correctness."""
+
+    def validate(self) -> None:
+        for name in ("resolved", "fail_to_pass", "pass_to_pass", "succinctness", "lint_added",
+                     "todo_unfinished", "broken_tool_calls", "reasoning_in_comments", "run_tool_collapse"):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"rl.reward.{name}: weights must be >= 0 (the term's sign is fixed), "
+                    f"got {getattr(self, name)}"
+                )
+        if self.succinctness_slack < 1:
+            raise ConfigError(f"rl.reward.succinctness_slack: must be >= 1, got {self.succinctness_slack}")
+        if self.collapse_min_calls < 1 or self.count_cap < 1:
+            raise ConfigError("rl.reward.collapse_min_calls and rl.reward.count_cap: must be >= 1")
+
+
+@dataclass
+class LossConfig:
+    """Policy-gradient loss (RECIPE.md §4, report §4.1; ``opencomposer.rl.losses``)."""
+
+    name: Literal["composer", "grpo", "dr_grpo", "dapo", "ppo_clip", "tis"] = "composer"
+    """``composer``: -Σ_t A·log π over model tokens / ``token_budget`` (the report's). Ablations:
+    ``grpo`` (clipped, per-sequence mean), ``dr_grpo`` (clipped, / sequences·max_sequence_tokens),
+    ``dapo`` (asymmetric clip, token mean), ``ppo_clip`` and ``tis`` (the composer loss with PPO
+    ratio clipping, or with truncated importance sampling, against the sampler logprobs)."""
+    token_budget: int = 65_536
+    """The constant the composer, ppo_clip and tis losses divide by (report: "a constant"; value
+    not given). Roughly the model tokens of one step; with Adam it only moves eps and clipping."""
+    max_sequence_tokens: int = 16_384
+    """Dr. GRPO's per-sequence constant (its generation budget; matches Budgets.max_tokens)."""
+    clip_eps: float = 0.2
+    """PPO clip range 1 ± eps for grpo, dr_grpo and ppo_clip; DAPO's lower side."""
+    clip_eps_high: float = 0.28
+    """DAPO's upper side ("clip-higher", the DAPO paper's value); only dapo reads it."""
+    tis_cap: float = 2.0
+    """Truncation C of the importance weight min(π_θ/π_sampler, C) for ``tis``."""
+
+    def validate(self) -> None:
+        if self.token_budget <= 0 or self.max_sequence_tokens <= 0:
+            raise ConfigError("rl.loss.token_budget and rl.loss.max_sequence_tokens: must be > 0")
+        if not 0 < self.clip_eps < 1:
+            raise ConfigError(f"rl.loss.clip_eps: must be in (0, 1), got {self.clip_eps}")
+        if self.clip_eps_high <= 0:
+            raise ConfigError(f"rl.loss.clip_eps_high: must be > 0, got {self.clip_eps_high}")
+        if self.tis_cap < 1:
+            raise ConfigError(f"rl.loss.tis_cap: must be >= 1, got {self.tis_cap}")
+
+
+@dataclass
+class RLConfig:
+    """The RL recipe (RECIPE.md §4). Each section is one formula in ``opencomposer.rl``."""
+
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    length_penalty: LengthPenaltyConfig = field(default_factory=LengthPenaltyConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def validate(self) -> None:
+        for section in (self.advantage, self.kl, self.length_penalty, self.reward, self.loss):
+            section.validate()
+
+
+@dataclass
+class NumericsConfig:
+    """Low-precision matmuls (report §6.1), emulated bit-exactly on CPU by ``opencomposer.numerics``."""
+
+    recipe: Literal["bf16", "mxfp8", "nvfp4_fwd_mxfp8_bwd"] = "bf16"
+    """``bf16``: leave the model as it is (matmuls in its own dtype). ``mxfp8``: expert matmuls in
+    MXFP8 both ways. ``nvfp4_fwd_mxfp8_bwd``: the report's MoE split, forward in NVFP4 with a
+    per-token FP32 scale, backward in MXFP8."""
+    quantize_linears: bool = False
+    """Also convert the other ``nn.Linear`` layers (attention, dense and shared-expert MLPs); the
+    LM head and the routers always stay in high precision."""
+    quantize_dispatch: bool = False
+    """Quantise the tokens sent to the experts to MXFP8 before dispatch; the combine of the expert
+    outputs stays in BF16 (report §6.1)."""
+    mx_scale_mode: Literal["floor", "rceil"] = "floor"
+    """MX scale rounding: OCP's ``floor`` or NVIDIA hardware's ``rceil``."""
+    mx_grad_dtype: Literal["e4m3", "e5m2"] = "e4m3"
+    """Element format of gradients in the MXFP8 backward."""
+    nvfp4_activation_scale: Literal["token", "tensor"] = "token"
+    """FP32 scale of NVFP4 activations: per token (the report) or per tensor (standard NVFP4)."""
+    nvfp4_weight_scale: Literal["token", "tensor"] = "tensor"
+    """FP32 scale of NVFP4 weights: per tensor (per expert matrix) or per row (output channel)."""
+    division: Literal["exact", "approx"] = "exact"
+    """Divisions inside the quantisers: IEEE-exact, or the fast path's reciprocal multiply."""
+    reciprocal_ulp: int = 0
+    """With ``division = "approx"``: nudge each inexact reciprocal by this many ulps (-1, 0, 1)."""
+
+    def validate(self) -> None:
+        if self.reciprocal_ulp not in (-1, 0, 1):
+            raise ConfigError(f"numerics.reciprocal_ulp: expected -1, 0 or 1, got {self.reciprocal_ulp}")
+        if self.reciprocal_ulp and self.division != "approx":
+            raise ConfigError(
+                f'numerics.reciprocal_ulp = {self.reciprocal_ulp} needs numerics.division = "approx", '
+                f"got {self.division!r}"
+            )
+        if self.recipe == "bf16" and (self.quantize_linears or self.quantize_dispatch):
+            raise ConfigError(
+                'numerics.quantize_linears / quantize_dispatch do nothing with numerics.recipe = "bf16"; '
+                'pick "mxfp8" or "nvfp4_fwd_mxfp8_bwd"'
+            )
+
+
+@dataclass
 class Config:
     """A whole recipe. Sections match the TOML tables of ``recipes/*.toml``."""
 
@@ -173,6 +534,12 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    grading: GradingConfig = field(default_factory=GradingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
 
 # ----------------------------------------------------------------------------------------------
