@@ -275,6 +275,9 @@ class GradingConfig:
     """pytest-timeout limit per test, so a hanging test fails on its own inside the run."""
     lint: bool = True
     """Count ruff findings on touched files before and after the change (``lint_added``)."""
+    autoload_plugins: bool = False
+    """Let pytest load every installed plugin. Off, only pytest-timeout is loaded (``-p``): a large
+    environment's plugins cost seconds per run (hypothesis alone about one)."""
 
     def validate(self) -> None:
         if self.timeout_s <= 0 or self.per_test_timeout_s <= 0:

@@ -81,6 +81,7 @@ class Task:
     gold_patch: str | None = None
     rubric: dict[str, Any] | None = None
     path: Path | None = None  # the task folder this was loaded from, if any
+    workdir: str = "/workspace"  # where the sandbox mounts the workspace (Harbor tasks use /app)
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Segment:
 
     prompt_ids: list[int]
     turns: list[Turn] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # the same context as chat messages
 
     def token_ids(self) -> list[int]:
         """The whole context of this segment as the model saw it (prompt, then every turn)."""

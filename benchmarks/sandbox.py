@@ -1,0 +1,115 @@
+"""What the bubblewrap sandbox costs, beside the same work with no sandbox.
+
+1. Start-up: create a sandbox from a small repo, run ``python -c pass``, close it; median of N
+   runs, beside ``python -c pass`` run directly (and the same split for ``true``, which isolates
+   the jail from the interpreter).
+2. Throughput: oracle episodes per second on the first T HumanEval tasks (agent loop, sandbox,
+   grading with pytest in a fresh sandbox), with 1 and 2 workers, beside the same run with
+   ``sandbox.isolation = "none"`` (rlimits and timeouts only).
+
+    .venv/bin/python benchmarks/sandbox.py [--runs 50 --tasks 40]
+
+Results are printed and written to benchmarks/results/sandbox.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from opencomposer.agent.policies.scripted import oracle_policy
+from opencomposer.bench.eval import run_eval
+from opencomposer.config import Config, SandboxConfig
+from opencomposer.envs.importers import humaneval_problems, humaneval_task
+from opencomposer.envs.sandbox import Sandbox
+
+RESULTS = Path(__file__).parent / "results" / "sandbox.json"
+REPO = Path(__file__).parents[1] / "tests" / "fixtures" / "tasks" / "fix-add" / "repo"
+
+
+def median_ms(fn, runs: int) -> float:
+    fn()  # warm up caches
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def sandboxed(command: str) -> None:
+    with Sandbox(REPO) as sandbox:
+        result = sandbox.run(command)
+    assert result.exit_code == 0, result.output
+
+
+def direct(argv: list[str]) -> None:
+    subprocess.run(argv, check=True, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+def startup(runs: int) -> dict[str, float]:
+    out = {
+        "sandbox_python_pass_ms": median_ms(lambda: sandboxed("python -c pass"), runs),
+        "direct_python_pass_ms": median_ms(lambda: direct([sys.executable, "-c", "pass"]), runs),
+        "sandbox_true_ms": median_ms(lambda: sandboxed("true"), runs),
+        "direct_true_ms": median_ms(lambda: direct(["/bin/true"]), runs),
+    }
+    out["python_pass_ratio"] = out["sandbox_python_pass_ms"] / out["direct_python_pass_ms"]
+    out["true_ratio"] = out["sandbox_true_ms"] / out["direct_true_ms"]
+    return out
+
+
+def throughput(count: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tasks = [humaneval_task(p, Path(tmp) / str(i)) for i, p in enumerate(humaneval_problems()[:count])]
+        for name, isolation, workers in (("bwrap_1_worker", "bwrap", 1), ("bwrap_2_workers", "bwrap", 2),
+                                         ("none_1_worker", "none", 1), ("none_2_workers", "none", 2)):
+            config = Config(sandbox=SandboxConfig(isolation=isolation))
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # isolation = "none" warns per sandbox
+                result = run_eval(tasks, oracle_policy(), config, Path(tmp) / name, workers=workers, progress=False)
+            elapsed = time.perf_counter() - start
+            assert result.summary["resolved"] == 1.0, result.summary
+            out[f"{name}_episodes_per_s"] = len(tasks) / elapsed
+    out["bwrap_vs_none_1_worker"] = out["bwrap_1_worker_episodes_per_s"] / out["none_1_worker_episodes_per_s"]
+    out["bwrap_2_vs_1_workers"] = out["bwrap_2_workers_episodes_per_s"] / out["bwrap_1_worker_episodes_per_s"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=50, help="repetitions of each start-up measurement")
+    parser.add_argument("--tasks", type=int, default=40, help="HumanEval tasks per throughput run")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    print(f"{os.cpu_count()} CPUs, load average {load:.2f} at start")
+    up = startup(args.runs)
+    print(f"\nstart-up, median of {args.runs} (create + run + close for the sandbox):")
+    print(f"  python -c pass   sandbox {up['sandbox_python_pass_ms']:7.1f} ms   direct {up['direct_python_pass_ms']:7.1f} ms"
+          f"   ratio {up['python_pass_ratio']:.2f}x")
+    print(f"  true             sandbox {up['sandbox_true_ms']:7.1f} ms   direct {up['direct_true_ms']:7.1f} ms"
+          f"   ratio {up['true_ratio']:.2f}x")
+    tp = throughput(args.tasks)
+    print(f"\noracle on {args.tasks} HumanEval tasks (episode + grading), episodes per second:")
+    for workers in ("1_worker", "2_workers"):
+        b, n = tp[f"bwrap_{workers}_episodes_per_s"], tp[f"none_{workers}_episodes_per_s"]
+        print(f"  {workers.replace('_', ' '):10s} bwrap {b:6.2f}/s   no sandbox {n:6.2f}/s   ratio {b / n:.2f}x")
+    print(f"  2 workers vs 1 (bwrap): {tp['bwrap_2_vs_1_workers']:.2f}x")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"cpus": os.cpu_count(), "load_at_start": load, "runs": args.runs,
+                                   "tasks": args.tasks, **up, **tp}, indent=2) + "\n")
+    print(f"\nwritten to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

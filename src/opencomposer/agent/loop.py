@@ -1,0 +1,237 @@
+"""The agent loop: a linear history, a policy, tools in a sandbox, budgets, and an ``Episode``.
+
+Modelled on mini-swe-agent: ``run()`` repeats ``step()`` (check budgets, ask the policy for a
+turn, parse its tool calls, run them, append their results) and control flow goes through a small
+exception hierarchy (``agent.errors``): a ``FormatError`` becomes a message to the model and the
+loop goes on; ``Submitted`` (the ``finish`` tool) and ``LimitsExceeded`` end the episode;
+``SandboxError`` and ``PolicyError`` end it as an infrastructure error, never a scored zero.
+
+The history is the prompt: for token-in/token-out policies a ``TokenTranscript`` keeps the exact
+ids (sampled ids, their logprobs, routes and kinds, then the tool-output ids the environment
+appended) in the current ``Segment``; for text policies the chat messages are the record.
+
+Self-summarisation (RECIPE.md §5) plugs in through ``Summarizer``: before each turn the loop asks
+it whether to close the segment; if so, it writes the summary turn and returns the messages that
+open the next segment (``open_segment``). Until that lands (a later issue), reaching the context
+window ends the episode as a budget stop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from opencomposer.agent.errors import FormatError, LimitsExceeded, NonTerminating, Submitted
+from opencomposer.agent.policy import Context, Policy, PolicyError, PolicyOutput
+from opencomposer.agent.protocol import (
+    TokenTranscript,
+    initial_messages,
+    parse_turn,
+    token_kinds,
+    truncate_middle,
+)
+from opencomposer.agent.tools import Toolbox, ToolError, tool_schemas
+from opencomposer.config import AgentConfig
+from opencomposer.envs.sandbox import Sandbox, SandboxError
+from opencomposer.types import Episode, EpisodeStatus, Message, Segment, Task, TokenKind, ToolCall, Turn
+
+
+class Summarizer(Protocol):
+    """Closes a segment when its context is full and opens the next one (RECIPE.md §5)."""
+
+    def should_summarize(self, loop: AgentLoop) -> bool: ...
+
+    def summarize(self, loop: AgentLoop) -> list[Message]: ...
+
+
+class AgentLoop:
+    """Runs one episode of ``policy`` on ``task`` inside ``sandbox``."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        task: Task,
+        sandbox: Sandbox,
+        config: AgentConfig | None = None,
+        *,
+        seed: int = 0,
+        sample_index: int = 0,
+        summarizer: Summarizer | None = None,
+    ):
+        self.policy = policy
+        self.task = task
+        self.sandbox = sandbox
+        self.config = config or AgentConfig()
+        self.seed = seed
+        self.summarizer = summarizer
+        self.toolbox = Toolbox(sandbox)
+        self.tools = tool_schemas()
+        self.tokenizer = getattr(policy, "tokenizer", None)
+        self.episode = Episode(task_id=task.id, sample_index=sample_index)
+        self.transcript: TokenTranscript | None = None
+        self.segment: Segment | None = None
+        self.cost = 0.0
+        self.context_tokens = 0  # text policies: prompt + completion tokens of the last call
+        self.started = time.monotonic()
+        self.counters = {"format_errors": 0, "rejected_tool_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> Episode:
+        self.started = time.monotonic()
+        try:
+            self.open_segment(initial_messages(self.task.instruction, self.config.system_prompt or None))
+            while True:
+                try:
+                    self.step()
+                except NonTerminating as e:
+                    self.add_observation([Message("user", str(e))])
+        except Submitted as e:
+            self.episode.status = EpisodeStatus.OK
+            self.episode.final_message = str(e)
+        except LimitsExceeded as e:
+            self.episode.status = EpisodeStatus.TIMEOUT
+            self.episode.error = str(e)
+        except (SandboxError, PolicyError) as e:
+            self.episode.status = EpisodeStatus.INFRA_ERROR
+            self.episode.error = f"{type(e).__name__}: {e}"
+        finally:
+            self._finish_metrics()
+        return self.episode
+
+    def step(self) -> None:
+        self.check_limits()
+        if self.summarizer is not None and self.summarizer.should_summarize(self):
+            self.open_segment(self.summarizer.summarize(self))
+        output = self.policy.act(
+            Context(
+                task=self.task,
+                messages=list(self.messages),
+                token_ids=self.segment.token_ids() if self.transcript else None,
+                turn_index=len(self.episode.turns),
+                max_new_tokens=self.tokens_left(),
+                seed=self.seed,
+            )
+        )
+        turn = self.record_turn(output)
+        if output.format_error:
+            self.counters["format_errors"] += 1
+            turn.format_error = output.format_error
+            raise FormatError(output.format_error)
+        calls = output.tool_calls
+        if calls is None:
+            parsed = parse_turn(turn.text, len(self.episode.turns))
+            if parsed.error:
+                self.counters["format_errors"] += 1
+                turn.format_error = parsed.error
+                raise FormatError(parsed.error)
+            calls = parsed.calls
+        turn.tool_calls = calls
+        results = self.execute(calls, turn)
+        self.add_observation(results)
+
+    # ------------------------------------------------------------------------------------------
+    def open_segment(self, messages: list[Message]) -> None:
+        """Start a new context window from ``messages`` (the first one, or after a summary)."""
+        if self.tokenizer is not None:
+            self.transcript = TokenTranscript(self.tokenizer, self.tools, messages)
+            self.segment = Segment(prompt_ids=list(self.transcript.prompt_ids), messages=self.transcript.messages)
+        else:
+            self.segment = Segment(prompt_ids=[], messages=list(messages))
+        self.episode.segments.append(self.segment)
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.segment.messages
+
+    def record_turn(self, output: PolicyOutput) -> Turn:
+        self.cost += output.cost
+        self.counters["prompt_tokens"] += output.prompt_tokens
+        self.counters["completion_tokens"] += output.completion_tokens
+        self.context_tokens = output.prompt_tokens + output.completion_tokens
+        if self.transcript is not None:
+            if output.token_ids is None:
+                raise PolicyError(f"policy {self.policy.name!r} has a tokenizer but returned no token ids")
+            ids = list(output.token_ids)
+            logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
+            if len(logprobs) != len(ids):
+                raise PolicyError(f"policy returned {len(ids)} token ids but {len(logprobs)} logprobs")
+            content = self.transcript.model_turn(ids, output.finish_reason)
+            turn = Turn(token_ids=ids, logprobs=logprobs, token_kinds=token_kinds(self.tokenizer, ids),
+                        text=content, routes=output.routes)
+        else:
+            self.messages.append(Message("assistant", output.text, tool_calls=list(output.tool_calls or [])))
+            turn = Turn(token_ids=[], logprobs=[], token_kinds=[], text=output.text)
+        turn.finish_reason = output.finish_reason
+        turn.policy_version = output.policy_version
+        self.segment.turns.append(turn)
+        return turn
+
+    def execute(self, calls: list[ToolCall], turn: Turn) -> list[Message]:
+        """Run the calls of one turn in order; ``finish`` ends the episode after the calls before it."""
+        results = []
+        for call in calls:
+            try:
+                content = self.toolbox.execute(call)
+            except ToolError as e:
+                turn.rejected_tool_calls += 1
+                self.counters["rejected_tool_calls"] += 1
+                content = f"Error: {e}"
+            results.append(
+                Message("tool", truncate_middle(content, self.config.max_observation_chars),
+                        tool_call_id=call.id, name=call.name)
+            )
+        return results
+
+    def add_observation(self, messages: list[Message]) -> None:
+        """Append what the environment says after the last turn (tool results or an error)."""
+        turn = self.segment.turns[-1]
+        if self.transcript is not None:
+            _, ids = self.transcript.environment_turn(messages)
+            turn.observation_ids = ids
+            turn.observation_kinds = [TokenKind.TOOL_OUTPUT] * len(ids)
+        else:
+            self.messages.extend(messages)
+
+    # ------------------------------------------------------------------------------------------
+    def tokens_used(self) -> int:
+        if self.transcript is None:
+            return self.context_tokens
+        return sum(len(segment.token_ids()) for segment in self.episode.segments)
+
+    def context_window(self) -> int:
+        return self.config.context_window or int(getattr(self.policy, "max_context", 0) or 0)
+
+    def tokens_left(self) -> int:
+        """New tokens this turn may sample: the smaller of the token budget and the context room."""
+        left = []
+        if self.task.budgets.max_tokens is not None:
+            left.append(self.task.budgets.max_tokens - self.tokens_used())
+        window = self.context_window()
+        if window and self.transcript is not None:
+            left.append(window - len(self.segment.token_ids()))
+        return min(left) if left else 1 << 30
+
+    def check_limits(self) -> None:
+        budgets = self.task.budgets
+        if budgets.max_turns is not None and len(self.episode.turns) >= budgets.max_turns:
+            raise LimitsExceeded(f"turn budget used up ({budgets.max_turns} turns)")
+        elapsed = time.monotonic() - self.started
+        if budgets.max_wall_s is not None and elapsed >= budgets.max_wall_s:
+            raise LimitsExceeded(f"wall-time budget used up ({elapsed:.0f} s of {budgets.max_wall_s:g} s)")
+        if budgets.max_cost is not None and self.cost >= budgets.max_cost:
+            raise LimitsExceeded(f"cost budget used up ({self.cost:.4f} of {budgets.max_cost:g})")
+        if self.tokens_left() <= 0:
+            raise LimitsExceeded(
+                f"token budget used up ({self.tokens_used()} tokens; max_tokens={budgets.max_tokens}, "
+                f"context window={self.context_window() or 'unlimited'})"
+            )
+
+    def _finish_metrics(self) -> None:
+        metrics: dict[str, Any] = {
+            "wall_s": time.monotonic() - self.started,
+            "cost": self.cost,
+            "turns": len(self.episode.turns),
+            "tool_calls": sum(len(t.tool_calls) for t in self.episode.turns),
+            **self.counters,
+        }
+        self.episode.metrics.update({k: float(v) for k, v in metrics.items()})

@@ -1,0 +1,76 @@
+"""A policy backed by an in-process ``Engine`` (the ``LocalEngine`` sampler, or any other).
+
+Token in, token out: it samples a turn from the exact context ids the loop keeps and returns the
+sampled ids with their logprobs, routes and the engine's policy version, so the episode can be
+trained on as is. Sampling settings come from the recipe's ``[sampling]``; the per-turn token cap
+is the smaller of ``sampling.max_new_tokens`` and what the episode's budgets leave. Generation is
+serialised with a lock, so one engine can serve parallel episodes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from opencomposer.agent.policy import Context, PolicyError, PolicyOutput
+from opencomposer.config import Config, SamplingConfig
+from opencomposer.inference.engine import Engine, SamplingParams
+from opencomposer.model.tokenizer import stop_token_ids
+
+
+class EnginePolicy:
+    """Samples turns from ``engine`` (``max_context``: the model's position limit, for budgets)."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, sampling: SamplingConfig | None = None,
+                 name: str = "local", max_context: int = 0):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingConfig()
+        self.name = name
+        self.max_context = max_context or int(getattr(engine, "max_positions", 0) or 0)
+        self._stop_ids = stop_token_ids(tokenizer)
+        self._lock = threading.Lock()
+
+    def act(self, context: Context) -> PolicyOutput:
+        if context.token_ids is None:
+            raise PolicyError("EnginePolicy needs the context's token ids (the loop keeps them when the policy has a tokenizer)")
+        params = SamplingParams(
+            max_new_tokens=max(1, min(self.sampling.max_new_tokens, context.max_new_tokens)),
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=self.sampling.top_k,
+            stop_token_ids=list(self._stop_ids),
+            seed=(context.seed * 1_000_003 + context.turn_index) % (1 << 62),
+        )
+        try:
+            with self._lock:
+                completion = self.engine.generate([context.token_ids], params, n=1)[0]
+        except (RuntimeError, ValueError) as e:
+            raise PolicyError(f"the engine failed to generate: {e}") from e
+        return PolicyOutput(
+            text=self.tokenizer.decode(completion.token_ids, skip_special_tokens=False),
+            token_ids=list(completion.token_ids),
+            logprobs=list(completion.logprobs),
+            routes=completion.routed_experts,
+            finish_reason=completion.finish_reason,
+            completion_tokens=len(completion.token_ids),
+            prompt_tokens=len(context.token_ids),
+            policy_version=completion.policy_version,
+        )
+
+
+def local_policy(argument: str, config: Config) -> EnginePolicy:
+    """``local`` uses the recipe's model; ``local:PATH`` a checkpoint folder."""
+    from opencomposer.inference import LocalEngine
+    from opencomposer.model import load_model
+
+    spec = argument or config.model
+    device = config.run.device if config.run.device != "auto" else None
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_model(spec, seed=config.run.seed, device=device)
+    engine = LocalEngine(model, tokenizer)
+    name = f"local:{argument}" if argument else f"local:{config.model.kind}"
+    return EnginePolicy(engine, tokenizer, config.sampling, name=name)

@@ -1,0 +1,180 @@
+"""``opencomposer eval``: run a policy over a task suite and score it.
+
+Every task runs ``passes`` times, ``workers`` episodes at a time (threads; each episode has its
+own sandboxes, so the work happens in subprocesses). Outputs, under the output folder:
+
+- ``results.jsonl``: one row per episode, written as episodes finish: status, every ``reward.json``
+  number, tokens by kind, turns, tool calls, wall time, cost, the final message and the diff;
+- ``episodes/TASK/pass-N/``: ``reward.json`` and ``trajectory.json`` (the chat transcript);
+- ``summary.json`` and a printed table (``bench.summary``).
+
+An episode that fails inside the harness is recorded as ``infra_error`` with its traceback and the
+run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import traceback
+import zlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from opencomposer.agent.policy import Policy, make_policy
+from opencomposer.bench.summary import summarize, summary_table
+from opencomposer.config import Config, ConfigError, load_recipe
+from opencomposer.envs.rollout import run_episode
+from opencomposer.envs.tasks import TaskFormatError, load_suite
+from opencomposer.types import Episode, EpisodeStatus, Task
+
+
+@dataclass
+class EvalResult:
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    out_dir: Path
+
+
+def episode_row(task: Task, episode: Episode, pass_index: int, policy_name: str) -> dict[str, Any]:
+    counts = episode.token_counts()
+    tokens = {k: v for k, v in counts.items() if k not in ("tool_calls", "turns")}
+    row: dict[str, Any] = {
+        "task_id": task.id,
+        "instance_id": task.metadata.get("instance_id"),
+        "pass": pass_index,
+        "policy": policy_name,
+        "status": episode.status.value,
+        "error": episode.error,
+        "reward": episode.reward,
+        **{k: v for k, v in episode.metrics.items()},
+        "tokens": tokens,
+        "final_message": episode.final_message,
+        "diff": episode.diff,
+    }
+    return row
+
+
+def trajectory(episode: Episode) -> dict[str, Any]:
+    return {
+        "task_id": episode.task_id,
+        "status": episode.status.value,
+        "error": episode.error,
+        "segments": [
+            {
+                "messages": [asdict(m) for m in segment.messages],
+                "turns": [
+                    {"text": t.text, "tokens": len(t.token_ids), "observation_tokens": len(t.observation_ids),
+                     "tool_calls": [asdict(c) for c in t.tool_calls], "format_error": t.format_error,
+                     "rejected_tool_calls": t.rejected_tool_calls, "finish_reason": t.finish_reason}
+                    for t in segment.turns
+                ],
+            }
+            for segment in episode.segments
+        ],
+    }
+
+
+def run_eval(
+    tasks: list[Task],
+    policy: Policy,
+    config: Config,
+    out_dir: Path,
+    *,
+    passes: int = 1,
+    workers: int = 1,
+    progress: bool = True,
+) -> EvalResult:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.jsonl"
+    results_path.write_text("")
+    jobs = [(task, p) for p in range(passes) for task in tasks]
+    rows: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def one(task: Task, pass_index: int) -> dict[str, Any]:
+        episode_dir = out_dir / "episodes" / task.id / f"pass-{pass_index}"
+        seed = config.run.seed * 1_000_003 + zlib.crc32(task.id.encode()) + pass_index
+        started = time.monotonic()
+        try:
+            episode = run_episode(task, policy, config, seed=seed, sample_index=pass_index, out_dir=episode_dir)
+        except Exception:  # a bug in the harness must not end the whole run
+            episode = Episode(task_id=task.id, sample_index=pass_index, status=EpisodeStatus.INFRA_ERROR,
+                              error=traceback.format_exc(limit=20))
+        episode.metrics.setdefault("wall_s", time.monotonic() - started)
+        episode_dir.mkdir(parents=True, exist_ok=True)
+        (episode_dir / "trajectory.json").write_text(json.dumps(trajectory(episode), indent=1, default=str))
+        row = episode_row(task, episode, pass_index, policy.name)
+        with lock:
+            with results_path.open("a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+            rows.append(row)
+        return row
+
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("resolved {task.fields[resolved]}"))
+        with Progress(*columns) as bar:
+            handle = bar.add_task("eval", total=len(jobs), resolved="-")
+            _run_jobs(jobs, one, workers, lambda: bar.update(
+                handle, advance=1, resolved=f"{_resolved_so_far(rows):.2f}"))
+    else:
+        _run_jobs(jobs, one, workers, lambda: None)
+    rows.sort(key=lambda r: (r["task_id"], r["pass"]))
+    summary = summarize(rows)
+    summary["policy"] = policy.name
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return EvalResult(rows, summary, out_dir)
+
+
+def _resolved_so_far(rows: list[dict[str, Any]]) -> float:
+    scored = [r.get("resolved", 0.0) for r in rows if r["status"] != "infra_error"]
+    return sum(scored) / len(scored) if scored else 0.0
+
+
+def _run_jobs(jobs: list, fn: Any, workers: int, on_done: Any) -> None:
+    if workers == 1:
+        for task, p in jobs:
+            fn(task, p)
+            on_done()
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(fn, task, p) for task, p in jobs]
+        for future in as_completed(futures):
+            future.result()
+            on_done()
+
+
+def main(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides)
+    for flag, key in (("suite", "eval.suite"), ("policy", "eval.policy"), ("passes", "eval.passes"),
+                      ("workers", "eval.workers"), ("limit", "eval.limit"), ("out", "eval.out_dir")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
+    config = load_recipe(args.recipe, overrides)
+    if not config.eval.suite:
+        raise ConfigError("eval.suite: no suite given; pass --suite DIR (a folder of task folders)")
+    try:
+        tasks = load_suite(config.eval.suite)
+    except TaskFormatError as e:
+        print(f"opencomposer eval: {e}", file=sys.stderr)
+        return 2
+    if config.eval.limit:
+        tasks = tasks[: config.eval.limit]
+    policy = make_policy(config.eval.policy, config)
+    out_dir = Path(config.eval.out_dir) if config.eval.out_dir else config.run.path / "eval"
+    result = run_eval(tasks, policy, config, out_dir, passes=config.eval.passes, workers=config.eval.workers)
+    from rich.console import Console
+
+    Console().print(summary_table(result.summary, title=f"{policy.name} on {config.eval.suite}"))
+    print(f"results: {out_dir / 'results.jsonl'}")
+    return 0

@@ -1,0 +1,103 @@
+"""Statistics of an evaluation run: resolved rate with a confidence interval, quality, tokens,
+latency and cost, from the rows of ``results.jsonl`` (one row per episode).
+
+Scores follow CursorBench practice (RECIPE.md §8): each task's score is the mean over its passes,
+the suite's score the mean over tasks. The 95% interval is Wilson's score interval on that mean
+with n = number of tasks (exact for one pass; conservative for several, since passes of one task
+are correlated). Infrastructure errors are counted and left out of every score.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+TOKEN_KINDS = ("prompt", "thinking", "tool_call", "tool_output", "final_message")
+QUALITY = ("lines_changed", "files_changed", "todo_added", "comment_lines_added", "lint_added")
+
+
+def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval for a proportion ``p`` observed over ``n`` trials."""
+    if n == 0:
+        return (0.0, 1.0)
+    denominator = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    scored = [r for r in rows if r["status"] != "infra_error"]
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in scored:
+        by_task[row["task_id"]].append(row)
+    task_resolved = [_mean([r.get("resolved", 0.0) for r in rs]) for rs in by_task.values()]
+    resolved = _mean(task_resolved)
+    low, high = wilson_interval(resolved, len(task_resolved))
+    summary: dict[str, Any] = {
+        "episodes": len(rows),
+        "tasks": len({r["task_id"] for r in rows}),
+        "infra_errors": len(rows) - len(scored),
+        "timeouts": sum(r["status"] == "timeout" for r in scored),
+        "resolved": resolved,
+        "resolved_ci95": [low, high],
+        "fail_to_pass": _mean([r.get("fail_to_pass", 0.0) for r in scored]),
+        "pass_to_pass": _mean([r.get("pass_to_pass", 0.0) for r in scored]),
+    }
+    for name in QUALITY:
+        summary[name] = _mean([r.get(name, 0.0) for r in scored])
+    for kind in TOKEN_KINDS:
+        summary[f"tokens_{kind}"] = _mean([r.get("tokens", {}).get(kind, 0) for r in scored])
+    summary["completion_tokens"] = _mean([r.get("completion_tokens", 0.0) for r in scored])
+    summary["turns"] = _mean([r.get("turns", 0.0) for r in scored])
+    summary["tool_calls"] = _mean([r.get("tool_calls", 0.0) for r in scored])
+    walls = [r.get("wall_s", 0.0) for r in scored]
+    summary["wall_s_p50"] = _quantile(walls, 0.5)
+    summary["wall_s_p90"] = _quantile(walls, 0.9)
+    summary["grading_s"] = _mean([r.get("grading_s", 0.0) for r in scored])
+    summary["cost_total"] = sum(r.get("cost", 0.0) for r in rows)
+    summary["cost_per_episode"] = _mean([r.get("cost", 0.0) for r in scored])
+    return summary
+
+
+def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
+    """A rich Table of the summary (rows: measure, value)."""
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    low, high = summary["resolved_ci95"]
+    lines = [
+        ("tasks / episodes", f"{summary['tasks']} / {summary['episodes']}"),
+        ("infra errors (excluded)", str(summary["infra_errors"])),
+        ("budget stops", str(summary["timeouts"])),
+        ("resolved", f"{summary['resolved']:.3f}  [{low:.3f}, {high:.3f}] 95% CI"),
+        ("fail→pass / pass→pass", f"{summary['fail_to_pass']:.3f} / {summary['pass_to_pass']:.3f}"),
+        ("lines / files changed", f"{summary['lines_changed']:.1f} / {summary['files_changed']:.2f}"),
+        ("todo / comment lines / lint added",
+         f"{summary['todo_added']:.2f} / {summary['comment_lines_added']:.2f} / {summary['lint_added']:.2f}"),
+        ("tokens: thinking / tool call / tool output / final",
+         f"{summary['tokens_thinking']:.0f} / {summary['tokens_tool_call']:.0f} / "
+         f"{summary['tokens_tool_output']:.0f} / {summary['tokens_final_message']:.0f}"),
+        ("turns / tool calls", f"{summary['turns']:.1f} / {summary['tool_calls']:.1f}"),
+        ("wall s p50 / p90 (grading)",
+         f"{summary['wall_s_p50']:.2f} / {summary['wall_s_p90']:.2f} ({summary['grading_s']:.2f})"),
+        ("cost total / per episode", f"{summary['cost_total']:.4f} / {summary['cost_per_episode']:.4f}"),
+    ]
+    for name, value in lines:
+        table.add_row(name, value)
+    return table

@@ -1,0 +1,54 @@
+"""One episode end to end: sandbox, agent loop, diff, grading.
+
+``run_episode`` is what the evaluator and the RL environment service call for every rollout. It
+never raises for failures of the harness: a sandbox that cannot start, a policy backend that
+fails or a grader that crashes all come back as an ``Episode`` with status ``INFRA_ERROR`` and
+the error text, so they are excluded from scores instead of counted as zeros.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from opencomposer.agent.loop import AgentLoop
+from opencomposer.agent.policy import Policy
+from opencomposer.config import Config
+from opencomposer.envs.grading import GradingInfraError, grade
+from opencomposer.envs.sandbox import Sandbox, SandboxError
+from opencomposer.types import Episode, EpisodeStatus, Task
+
+
+def run_episode(
+    task: Task,
+    policy: Policy,
+    config: Config,
+    *,
+    seed: int = 0,
+    sample_index: int = 0,
+    out_dir: Path | None = None,
+) -> Episode:
+    """Roll out ``policy`` on ``task`` and grade the result (``reward.json`` goes to ``out_dir``)."""
+    try:
+        sandbox = Sandbox(task.repo, config.sandbox, workdir=task.workdir)
+    except SandboxError as e:
+        return Episode(task_id=task.id, sample_index=sample_index, status=EpisodeStatus.INFRA_ERROR,
+                       error=f"sandbox could not start: {e}")
+    with sandbox:
+        episode = AgentLoop(policy, task, sandbox, config.agent, seed=seed, sample_index=sample_index).run()
+        if episode.status == EpisodeStatus.INFRA_ERROR:
+            return episode
+        episode.diff = sandbox.diff()
+    try:
+        reward = grade(task, episode.diff, episode.final_message, config.sandbox, config.grading, out_dir)
+    except GradingInfraError as e:
+        episode.status = EpisodeStatus.INFRA_ERROR
+        episode.error = f"grading failed: {e}"
+        return episode
+    except Exception:  # a crashing grader must not turn into a zero reward; keep the traceback
+        episode.status = EpisodeStatus.INFRA_ERROR
+        episode.error = "the grader crashed:\n" + traceback.format_exc(limit=20)
+        return episode
+    episode.metrics.update(reward)  # the reward.json names, which opencomposer.rl.rewards reads
+    episode.reward = reward["resolved"]
+    return episode

@@ -1,0 +1,85 @@
+"""``opencomposer eval``: the oracle resolves every fixture task, the no-op none; outputs and stats."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opencomposer.agent.policies.scripted import noop_policy, oracle_policy
+from opencomposer.bench.eval import run_eval
+from opencomposer.bench.summary import summarize, wilson_interval
+from opencomposer.cli import main
+from opencomposer.config import Config
+from opencomposer.envs.sandbox import bwrap_available
+from opencomposer.envs.tasks import load_suite
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
+needs_sandbox = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+
+
+@needs_sandbox
+def test_oracle_resolves_every_fixture_and_noop_none(tmp_path: Path):
+    tasks = load_suite(FIXTURES)
+    oracle = run_eval(tasks, oracle_policy(), Config(), tmp_path / "oracle", passes=2, workers=2, progress=False)
+    noop = run_eval(tasks, noop_policy(), Config(), tmp_path / "noop", progress=False)
+    assert [(r["task_id"], r["pass"], r["status"], r["resolved"]) for r in oracle.rows] == [
+        (t.id, p, "ok", 1.0) for t in tasks for p in (0, 1)]
+    assert [r["resolved"] for r in noop.rows] == [0.0, 0.0, 0.0] and noop.summary["resolved"] == 0.0
+    assert oracle.summary["resolved"] == 1.0 and oracle.summary["infra_errors"] == 0
+    assert oracle.summary["resolved_ci95"] == pytest.approx(list(wilson_interval(1.0, 3)))
+    lines = (tmp_path / "oracle" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and json.loads(lines[0])["diff"]
+    episode_dir = tmp_path / "oracle" / "episodes" / "fix-add" / "pass-1"
+    assert json.loads((episode_dir / "reward.json").read_text())["resolved"] == 1.0
+    trajectory = json.loads((episode_dir / "trajectory.json").read_text())
+    assert [m["role"] for m in trajectory["segments"][0]["messages"]] == ["system", "user", "assistant", "tool",
+                                                                         "assistant"]
+    assert json.loads((tmp_path / "oracle" / "summary.json").read_text())["policy"] == "oracle"
+
+
+@needs_sandbox
+def test_cli_eval_writes_results_and_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture):
+    code = main(["eval", "--suite", str(FIXTURES), "--policy", "noop", "--limit", "1", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "noop on" in out and "resolved" in out and f"results: {tmp_path / 'results.jsonl'}" in out
+    assert [json.loads(line)["task_id"] for line in (tmp_path / "results.jsonl").read_text().splitlines()] == [
+        "feature-slugify"]
+
+
+def test_cli_reports_a_broken_suite(tmp_path: Path, capsys: pytest.CaptureFixture):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "task.toml").write_text('id = "t"\n')
+    assert main(["eval", "--suite", str(tmp_path), "--policy", "noop"]) == 2
+    assert f"{tmp_path / 't' / 'instruction.md'}: missing" in capsys.readouterr().err
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from opencomposer.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(Path(__file__).parents[2] / "src"), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "False"
+
+
+def test_wilson_interval_golden_values():
+    assert wilson_interval(0.5, 10) == pytest.approx((0.2365931, 0.7634069), abs=1e-6)
+    assert wilson_interval(0.0, 20) == pytest.approx((0.0, 0.1611252), abs=1e-6)
+    assert wilson_interval(1.0, 0) == (0.0, 1.0)
+
+
+def test_summary_averages_passes_per_task_and_excludes_infra_errors():
+    rows = [
+        {"task_id": "a", "status": "ok", "resolved": 1.0, "cost": 0.5, "wall_s": 1.0, "tokens": {"thinking": 10}},
+        {"task_id": "a", "status": "timeout", "resolved": 0.0, "cost": 0.5, "wall_s": 3.0, "tokens": {"thinking": 30}},
+        {"task_id": "b", "status": "ok", "resolved": 1.0, "cost": 0.0, "wall_s": 2.0, "tokens": {}},
+        {"task_id": "b", "status": "infra_error", "cost": 0.25},
+    ]
+    summary = summarize(rows)
+    assert summary["resolved"] == 0.75  # mean of task a (0.5) and task b (1.0)
+    assert (summary["episodes"], summary["tasks"], summary["infra_errors"], summary["timeouts"]) == (4, 2, 1, 1)
+    assert summary["cost_total"] == 1.25 and summary["cost_per_episode"] == pytest.approx(1 / 3)
+    assert summary["tokens_thinking"] == pytest.approx(40 / 3) and summary["wall_s_p50"] == 2.0
