@@ -1,0 +1,80 @@
+import pytest
+
+from inventory import InsufficientStock, ReservationError, Warehouse
+
+
+def test_reserve_reduces_availability_not_on_hand(warehouse):
+    reservation = warehouse.reserve("KET-1", 2, "o-1")
+    assert reservation.id == "R00001"
+    assert warehouse.on_hand("KET-1") == 3
+    assert warehouse.reserved("KET-1") == 2
+    assert warehouse.available("KET-1") == 1
+
+
+def test_cannot_reserve_more_than_available(warehouse):
+    warehouse.reserve("KET-1", 2, "o-1")
+    with pytest.raises(InsufficientStock) as info:
+        warehouse.reserve("KET-1", 2, "o-2")
+    assert (info.value.requested, info.value.available) == (2, 1)
+    assert "only 1 available" in str(info.value)
+
+
+def test_unknown_sku_has_nothing_available(warehouse):
+    assert warehouse.available("NOPE") == 0
+    with pytest.raises(InsufficientStock):
+        warehouse.reserve("NOPE", 1, "o-1")
+
+
+def test_release_gives_units_back(warehouse):
+    reservation = warehouse.reserve("KET-1", 3, "o-1")
+    warehouse.release(reservation.id)
+    assert warehouse.available("KET-1") == 3
+    with pytest.raises(ReservationError):
+        warehouse.release(reservation.id)
+
+
+def test_commit_takes_units_out_of_stock(warehouse):
+    reservation = warehouse.reserve("KET-1", 2, "o-1")
+    warehouse.commit(reservation.id)
+    assert warehouse.on_hand("KET-1") == 1
+    assert warehouse.available("KET-1") == 1
+    assert warehouse.reservations_for("o-1") == []
+
+
+def test_reservations_expire_after_ttl(warehouse, clock):
+    warehouse.reserve("KET-1", 3, "o-1")
+    clock.advance(minutes=14, seconds=59)
+    assert warehouse.available("KET-1") == 0
+    clock.advance(seconds=1)
+    assert warehouse.available("KET-1") == 3
+    warehouse.reserve("KET-1", 3, "o-2")
+
+
+def test_expired_reservation_cannot_be_committed(warehouse, clock):
+    reservation = warehouse.reserve("KET-1", 1, "o-1")
+    clock.advance(minutes=20)
+    with pytest.raises(ReservationError, match="expired"):
+        warehouse.commit(reservation.id)
+    warehouse.release(reservation.id)
+
+
+def test_expire_drops_and_returns_expired(warehouse, clock):
+    old = warehouse.reserve("TEA-1", 1, "o-1")
+    clock.advance(minutes=10)
+    fresh = warehouse.reserve("TEA-1", 1, "o-2")
+    clock.advance(minutes=6)
+    assert warehouse.expire() == [old]
+    assert warehouse.reservations_for("o-2") == [fresh]
+
+
+def test_receive_and_validation(clock):
+    warehouse = Warehouse(clock=clock)
+    warehouse.receive("X", 2)
+    warehouse.receive("X", 3)
+    assert warehouse.on_hand("X") == 5
+    with pytest.raises(ValueError):
+        warehouse.receive("X", 0)
+    with pytest.raises(ValueError):
+        warehouse.reserve("X", -1, "o")
+    with pytest.raises(ValueError, match="ttl"):
+        Warehouse(ttl=Warehouse(clock=clock).ttl * 0)

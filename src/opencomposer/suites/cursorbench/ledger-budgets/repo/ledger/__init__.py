@@ -1,0 +1,3 @@
+"""A command-line ledger of income and expenses kept in a JSON file."""
+
+__version__ = "0.3.1"
