@@ -21,7 +21,7 @@ def _chat(tokenizer, text):
                                          tokenize=False)
 
 
-@pytest.fixture(params=["tiny_moe", "smollm2"])
+@pytest.fixture(params=["tiny_moe", "tiny_deepseek", "smollm2"])
 def model_and_prompts(request):
     model, tokenizer = request.getfixturevalue(request.param)
     if request.param == "smollm2":
@@ -184,3 +184,43 @@ def test_bad_requests_are_rejected(tiny_moe):
         engine.generate([[1]], SamplingParams(), n=0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_moe", "smollm2"])
+def test_lean_decoder_matches_the_transformers_forward(fixture, request):
+    from opencomposer.inference.decoders import HFDecoder, LeanDecoder, lean_supported
+
+    model, tokenizer = request.getfixturevalue(fixture)
+    assert lean_supported(model)
+    prompts = [tokenizer.encode(p) for p in CODE_PROMPTS]
+    width = max(map(len, prompts))
+    ids = torch.full((3, width), 0)
+    mask = torch.zeros((3, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    lean, hf = LeanDecoder(model), HFDecoder(model)
+    with torch.no_grad():
+        a, b = lean.prefill(ids, mask, positions), hf.prefill(ids, mask, positions)
+        assert (a - b).abs().max() < 1e-4
+        lean.repeat(2), hf.repeat(2)
+        keep = torch.tensor([0, 3, 4, 5])
+        lean.select(keep), hf.select(keep)
+        step = torch.tensor([[5], [6], [7], [8]])
+        pos = positions[:, -1:].repeat_interleave(2, 0)[keep] + 1
+        a, b = lean.step(step, pos), hf.step(step, pos)
+        assert (a - b).abs().max() < 1e-4
+
+
+def test_generic_path_gives_the_same_samples(tiny_moe):
+    model, tokenizer = tiny_moe
+    prompts = [tokenizer.encode(p) for p in CODE_PROMPTS]
+    params = SamplingParams(max_new_tokens=16, seed=11)
+    lean = LocalEngine(model, tokenizer)
+    generic = LocalEngine(model, tokenizer)
+    generic.lean = False
+    a, b = lean.generate(prompts, params, n=2), generic.generate(prompts, params, n=2)
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
+    assert all(np.array_equal(x.routed_experts, y.routed_experts) for x, y in zip(a, b))

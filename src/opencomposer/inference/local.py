@@ -6,7 +6,10 @@
    model once; the cache is then repeated ``n`` times, so the ``n`` samples of a prompt share one
    prefill (the report's fixed-size groups make this the common case).
 2. **Decode.** Each step feeds the last token of every live row. The cache grows in place inside a
-   preallocated buffer (doubling when full) instead of being re-concatenated every step.
+   preallocated buffer (doubling when full) instead of being re-concatenated every step. Llama- and
+   Qwen-style models run through ``LeanDecoder`` (the model's own modules without the
+   transformers glue); other architectures through their transformers forward
+   (``inference.decoders``).
 3. **Compaction.** Finished rows are dropped from the batch once enough of them have accumulated.
 4. **Sampling.** Temperature, then top-k / top-p truncation, then inverse-CDF sampling with one
    uniform number per row and step drawn from that row's own generator, seeded from
@@ -29,67 +32,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from opencomposer.inference.decoders import HFDecoder, LeanDecoder, lean_supported
 from opencomposer.inference.engine import Completion, SamplingParams
 from opencomposer.model.routing import RouteRecorder, route_dtype
 from opencomposer.model.tokenizer import stop_token_ids
-
-
-class _GrowingLayer(DynamicLayer):
-    """A cache layer that writes new keys/values into a preallocated buffer (doubling when
-    full) and returns views, instead of concatenating the whole history every step."""
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.length = 0
-        self._k = key_states.new_empty(0)
-        self._v = value_states.new_empty(0)
-        self.is_initialized = True
-
-    def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        capacity = self._k.shape[-2] if self._k.dim() == 4 else 0
-        if needed <= capacity:
-            return
-        new_capacity = max(needed, 2 * capacity, 64)
-        k = key_states.new_empty(*key_states.shape[:2], new_capacity, key_states.shape[-1])
-        v = value_states.new_empty(*value_states.shape[:2], new_capacity, value_states.shape[-1])
-        if self.length:
-            k[:, :, : self.length] = self._k[:, :, : self.length]
-            v[:, :, : self.length] = self._v[:, :, : self.length]
-        self._k, self._v = k, v
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        self._reserve(end, key_states, value_states)
-        self._k[:, :, self.length : end] = key_states
-        self._v[:, :, self.length : end] = value_states
-        self.length = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length if self.is_initialized else 0
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized and self.length:
-            self._k = self._k.repeat_interleave(repeats, dim=0)
-            self._v = self._v.repeat_interleave(repeats, dim=0)
-            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized and self.length:
-            self._k = self._k[indices]
-            self._v = self._v[indices]
-            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
-
-
-def _new_cache(model: torch.nn.Module) -> DynamicCache:
-    cache = DynamicCache(config=model.config)
-    cache.layers = [_GrowingLayer() for _ in cache.layers]
-    return cache
 
 
 def sample_tokens(
@@ -126,17 +73,20 @@ def sample_tokens(
     return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
+def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """Seed of the generator of sample ``sample_index`` of prompt ``prompt_index`` in a call seeded ``seed``."""
+    return int(np.random.SeedSequence([seed, prompt_index, sample_index]).generate_state(1)[0])
+
+
 class _Row:
     """Decoding state of one (prompt, sample) pair."""
 
-    __slots__ = ("slot", "prompt_index", "sample_index", "generator", "tokens", "logprobs", "routes",
-                 "finish", "position")
+    __slots__ = ("slot", "prompt_index", "sample_index", "tokens", "logprobs", "routes", "finish", "position")
 
-    def __init__(self, slot: int, prompt_index: int, sample_index: int, seed: int, position: int):
-        self.slot = slot
+    def __init__(self, slot: int, prompt_index: int, sample_index: int, position: int):
+        self.slot = slot  # row of the chunk's uniform-number table
         self.prompt_index = prompt_index
         self.sample_index = sample_index
-        self.generator = torch.Generator().manual_seed(seed)
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.routes: list[np.ndarray] = []
@@ -173,6 +123,7 @@ class LocalEngine:
         self.is_moe = bool(routers)
         self.route_shape = (len(routers), int(routers[0].top_k)) if routers else (0, 0)
         self.route_dtype = route_dtype(model)
+        self.lean = lean_supported(model)
         self._seed_rng = np.random.default_rng()
 
     # ------------------------------------------------------------------------------------------
@@ -184,10 +135,22 @@ class LocalEngine:
         self.policy_version = version
 
     # ------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1) -> list[Completion]:
-        """Sample ``n`` continuations of each prompt; results are prompt-major."""
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        n: int = 1,
+        row_seeds: Sequence[int] | None = None,
+    ) -> list[Completion]:
+        """Sample ``n`` continuations of each prompt; results are prompt-major.
+
+        ``row_seeds`` (``len(prompts) * n``, prompt-major) replaces the seed of each sample's
+        generator, so requests gathered from several callers (``inference.batching``) sample what
+        they would have sampled alone: a lone call uses ``row_seed(params.seed, 0, j)``."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if row_seeds is not None and len(row_seeds) != len(prompts) * n:
+            raise ValueError(f"row_seeds: expected {len(prompts) * n} seeds, got {len(row_seeds)}")
         prompts = [list(map(int, p)) for p in prompts]
         for i, prompt in enumerate(prompts):
             if not prompt:
@@ -202,13 +165,14 @@ class LocalEngine:
         per_chunk = max(1, self.max_batch_size // n)
         for start in range(0, len(prompts), per_chunk):
             indices = list(range(start, min(start + per_chunk, len(prompts))))
-            for completion in self._generate_chunk(prompts, indices, params, n, seed):
+            for completion in self._generate_chunk(prompts, indices, params, n, seed, row_seeds):
                 results[completion.prompt_index * n + completion.sample_index] = completion
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
     def _generate_chunk(
-        self, prompts: list[list[int]], indices: list[int], params: SamplingParams, n: int, seed: int
+        self, prompts: list[list[int]], indices: list[int], params: SamplingParams, n: int, seed: int,
+        row_seeds: Sequence[int] | None = None,
     ) -> list[Completion]:
         lengths = [len(prompts[i]) for i in indices]
         width = max(lengths)
@@ -218,45 +182,42 @@ class LocalEngine:
             input_ids[r, width - lengths[r] :] = torch.tensor(prompts[i])
             mask[r, width - lengths[r] :] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        rows = [
-            _Row(r * n + j, i, j, int(np.random.SeedSequence([seed, i, j]).generate_state(1)[0]), lengths[r])
-            for r, i in enumerate(indices)
-            for j in range(n)
-        ]
+        rows = [_Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
         if params.max_new_tokens == 0:
             return [self._completion(row) for row in rows]
-        cache = _new_cache(self.model)
-        stop_ids = self.eos_ids | set(params.stop_token_ids) if not params.ignore_eos else set(params.stop_token_ids)
+        # one uniform number per row and step, from that row's own generator
+        uniforms = torch.stack([
+            torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(
+                row_seed(seed, row.prompt_index, row.sample_index) if row_seeds is None
+                else int(row_seeds[row.prompt_index * n + row.sample_index])))
+            for row in rows
+        ])  # [rows, max_new_tokens]
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
         stop_window = max((len(s) for s in params.stop), default=0) + 8
         dev = self.device
+        decoder = LeanDecoder(self.model) if self.lean else HFDecoder(self.model)
         with RouteRecorder(self.model) as recorder:
-            out = self.model(
-                input_ids=input_ids.to(dev),
-                attention_mask=mask.to(dev),
-                position_ids=position_ids.to(dev),
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            logits = decoder.prefill(input_ids.to(dev), mask.to(dev), position_ids.to(dev))
             recorder.take(len(indices), width)  # prompt routes are not returned
-            logits = out.logits[:, -1, :].float().repeat_interleave(n, dim=0)  # [B, V]
-            cache.batch_repeat_interleave(n)
-            mask = mask.repeat_interleave(n, dim=0).to(dev)
-            live = rows  # rows still in the batch, aligned with dim 0 of logits/cache/mask
+            logits = logits[:, -1, :].float().repeat_interleave(n, dim=0)  # [rows, V]
+            decoder.repeat(n)
+            live = rows  # rows still in the batch, aligned with dim 0 of logits and the cache
             while True:
                 # 1. sample for rows that are still generating
                 generating = [k for k, row in enumerate(live) if row.finish is None]
                 if generating:
-                    sel = torch.tensor(generating, device=dev)
-                    uniforms = torch.stack([torch.rand((), generator=live[k].generator) for k in generating])
-                    tokens, logprobs = sample_tokens(logits[sel], params, uniforms.to(dev))
+                    pick = torch.tensor(generating)
+                    steps = torch.tensor([len(live[k].tokens) for k in generating])
+                    slots = torch.tensor([live[k].slot for k in generating])
+                    rows_logits = logits if len(generating) == len(live) else logits[pick.to(dev)]
+                    tokens, logprobs = sample_tokens(rows_logits, params, uniforms[slots, steps].to(dev))
                     for k, token, logprob in zip(generating, tokens.tolist(), logprobs.tolist()):
                         row = live[k]
                         row.tokens.append(token)
                         row.logprobs.append(logprob)
                         row.finish = self._finish_reason(row, token, params, stop_ids, stop_window)
-                # 2. drop rows that no longer need a forward pass: finished and (dense model, or
-                #    their last token's route already recorded)
+                # 2. rows that still need a forward: generating, or finished with their last
+                #    token's route not yet recorded (MoE only)
                 needs_forward = [
                     k for k, row in enumerate(live)
                     if row.finish is None or (self.is_moe and len(row.routes) < len(row.tokens))
@@ -266,28 +227,18 @@ class LocalEngine:
                 dead = len(live) - len(needs_forward)
                 if dead and dead >= self.compact_fraction * len(live):
                     keep = torch.tensor(needs_forward, device=dev)
-                    cache.batch_select_indices(keep)
-                    mask = mask[keep]
+                    decoder.select(keep)
                     live = [live[k] for k in needs_forward]
-                # 3. feed every live row its last token (finished dead rows feed a pad, ignored)
-                step_ids = torch.tensor(
-                    [[row.tokens[-1] if row.tokens else self.pad_id] for row in live], device=dev
-                )
+                # 3. feed every live row its last token (rows already done ride along until compaction)
+                step_ids = torch.tensor([[row.tokens[-1]] for row in live], device=dev)
                 step_pos = torch.tensor([[row.position] for row in live], device=dev)
-                mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
-                out = self.model(
-                    input_ids=step_ids,
-                    attention_mask=mask,
-                    position_ids=step_pos,
-                    cache=cache,
-                    use_cache=True,
-                )
+                logits = decoder.step(step_ids, step_pos)[:, -1, :].float()
                 routes = recorder.take(len(live), 1)
+                routes = routes[:, 0].cpu().numpy() if routes is not None else None  # [rows, layers, k]
                 for k, row in enumerate(live):
                     row.position += 1
                     if routes is not None and len(row.routes) < len(row.tokens):
-                        row.routes.append(routes[k, 0].cpu().numpy())
-                logits = out.logits[:, -1, :].float()
+                        row.routes.append(routes[k])
         return [self._completion(row) for row in rows]
 
     def _finish_reason(

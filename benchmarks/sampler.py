@@ -1,0 +1,91 @@
+"""LocalEngine against transformers `generate` on grouped sampling, side by side in one run.
+
+Workload (issue 2): 4 prompts x 8 samples x 128 new tokens, temperature 1, no truncation, EOS
+ignored so both sides produce exactly the same number of tokens. Models: the tiny MoE and
+SmolLM2-135M-Instruct. Reports tokens/s for both and the ratio (ours / theirs); median of repeats.
+
+    python benchmarks/sampler.py [--repeats 3] [--models tiny_moe,smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from opencomposer.inference import LocalEngine, SamplingParams
+from opencomposer.model.loading import load_model
+
+PROMPTS = [
+    "Write a Python function that parses an ISO 8601 date and returns a datetime.",
+    "Explain what this does: `sorted(set(x) & set(y), key=len)`",
+    "Refactor this loop into a list comprehension:\nresult = []\nfor item in items:\n    if item.ok:\n        result.append(item.value)",
+    "Add type hints to: def merge(a, b): return {**a, **b}",
+]
+PROMPTS_PER_RUN, SAMPLES, NEW_TOKENS = 4, 8, 128
+
+
+def ours(engine: LocalEngine, prompts: list[list[int]], seed: int) -> int:
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=seed, ignore_eos=True)
+    out = engine.generate(prompts, params, n=SAMPLES)
+    return sum(len(c.token_ids) for c in out)
+
+
+def theirs(model, tokenizer, prompts: list[list[int]], seed: int, pad_id: int) -> int:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    torch.manual_seed(seed)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        num_return_sequences=SAMPLES, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=pad_id,
+    )
+    return (out.shape[1] - width) * out.shape[0]
+
+
+def bench(kind: str, repeats: int) -> dict:
+    model, tokenizer = load_model(kind)
+    chat = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                          tokenize=False) for p in PROMPTS]
+    prompts = [tokenizer.encode(t) for t in chat]
+    engine = LocalEngine(model, tokenizer)
+    rows = {"ours": [], "transformers": []}
+    with torch.inference_mode():
+        ours(engine, prompts, 0)  # warm-up both paths
+        theirs(model, tokenizer, prompts, 0, engine.pad_id)
+        for r in range(repeats):
+            t = time.perf_counter()
+            n = ours(engine, prompts, r)
+            rows["ours"].append(n / (time.perf_counter() - t))
+            t = time.perf_counter()
+            n = theirs(model, tokenizer, prompts, r, engine.pad_id)
+            rows["transformers"].append(n / (time.perf_counter() - t))
+    result = {name: statistics.median(v) for name, v in rows.items()}
+    result["ratio"] = result["ours"] / result["transformers"]
+    result["model"] = kind
+    result["tokens_per_run"] = PROMPTS_PER_RUN * SAMPLES * NEW_TOKENS
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default="tiny_moe,smollm2")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler.json"))
+    args = parser.parse_args()
+    results = [bench(kind, args.repeats) for kind in args.models.split(",")]
+    print(f"{'model':<10} {'LocalEngine tok/s':>18} {'generate tok/s':>15} {'ratio':>7}")
+    for r in results:
+        print(f"{r['model']:<10} {r['ours']:>18.1f} {r['transformers']:>15.1f} {r['ratio']:>6.2f}x")
+    Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
