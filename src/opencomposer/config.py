@@ -472,17 +472,121 @@ class LossConfig:
 
 @dataclass
 class RLConfig:
-    """The RL recipe (RECIPE.md §4). Each section is one formula in ``opencomposer.rl``."""
+    """The RL recipe (RECIPE.md §4) and its synchronous loop, ``opencomposer rl`` (``opencomposer.rl.loop``).
+    Each sub-table is one formula in ``opencomposer.rl``; the fields below drive the trainer and the loop."""
 
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     kl: KLConfig = field(default_factory=KLConfig)
     length_penalty: LengthPenaltyConfig = field(default_factory=LengthPenaltyConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    steps: int = 10
+    """Optimizer steps. Single epoch (report §4.1): the task stream must hold ``steps × batch_tasks``
+    tasks, and each is trained on exactly once."""
+    batch_tasks: int = 4
+    """B: tasks per step."""
+    group_size: int = 8
+    """G: rollouts per task, fixed (report §4.1); the advantage baseline is the group mean."""
+    lr: float = 1e-6
+    """Adam learning rate, constant (the report gives no schedule)."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's β1, β2 (report: "Adam"; these are Adam's paper values)."""
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Largest global gradient norm; 0 turns clipping off."""
+    bf16: bool = False
+    """Run the trainer's forward passes (policy and reference) under bf16 autocast; parameters and
+    Adam's state stay in the model's dtype."""
+    micro_batch_tokens: int = 16_384
+    """Padded positions (rows × longest row) per micro-batch; bounds activation memory. Gradients of
+    the micro-batches of a step add up before the one optimizer step."""
+    task_family: Literal["", "tiny", "tiny-words"] = ""
+    """Generate the training stream and the held-out suite from a built-in family
+    (``opencomposer.envs.generators.tiny``; its held-out split never appears in training) into
+    ``{run}/tasks``; then ``train_tasks`` and ``eval_suite`` stay empty."""
+    train_tasks: str = ""
+    """Folder of training task folders (docs/task-format.md). The stream is all of them in an order
+    shuffled by ``run.seed``."""
+    eval_suite: str = ""
+    """Folder of held-out task folders; its first ``eval_tasks`` tasks by id are evaluated."""
+    eval_tasks: int = 16
+    """Held-out tasks per evaluation."""
+    eval_every: int = 0
+    """Evaluate the held-out suite before the first step, every N steps and after the last; 0 never."""
+    eval_samples: int = 4
+    """K: samples per held-out task, on a fixed seed set. pass@1 is the mean resolved rate over all
+    samples, best-of-K the share of tasks with at least one resolved sample."""
+    checkpoint_every: int = 1
+    """Save a resumable checkpoint every N steps (and after the last). A crash replays the steps
+    after the last checkpoint; their tasks count as trained only once a checkpoint holds them."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (oldest deleted first)."""
+    rollout_workers: int = 0
+    """Episodes run at once (threads, each with its own sandbox; their model calls are batched);
+    0 runs a whole step, B × G episodes, at once."""
 
     def validate(self) -> None:
         for section in (self.advantage, self.kl, self.length_penalty, self.reward, self.loss):
             section.validate()
+        for name in ("steps", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"rl.{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("batch_tasks", "eval_tasks", "eval_samples", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rl.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError(f"rl.group_size: must be >= 2 (the group mean is the baseline), got {self.group_size}")
+        if self.lr <= 0 or self.adam_eps <= 0:
+            raise ConfigError(f"rl.lr and rl.adam_eps: must be > 0, got {self.lr} and {self.adam_eps}")
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ConfigError(f"rl.adam_betas: expected two numbers in [0, 1), got {self.adam_betas}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"rl.grad_clip: must be >= 0 (0 = off), got {self.grad_clip}")
+        if self.micro_batch_tokens < 64:
+            raise ConfigError(f"rl.micro_batch_tokens: must be at least 64, got {self.micro_batch_tokens}")
+        if self.rollout_workers < 0:
+            raise ConfigError(f"rl.rollout_workers: must be >= 0 (0 = the whole step), got {self.rollout_workers}")
+        if self.task_family and (self.train_tasks or self.eval_suite):
+            raise ConfigError(
+                f"rl.task_family = {self.task_family!r} generates the tasks; leave rl.train_tasks and "
+                f"rl.eval_suite empty (got {self.train_tasks!r} and {self.eval_suite!r})"
+            )
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning on scripted episodes (``opencomposer sft``; ``opencomposer.pretrain.sft``):
+    the oracle solves tasks in the real harness and the model learns its turns, token for token, with
+    the loss on model tokens only. It makes the starting checkpoint of RL."""
+
+    task_family: Literal["", "tiny", "tiny-words"] = ""
+    """Demonstrations on a built-in family's training split (a seed stream of its own, not RL's)."""
+    tasks: str = ""
+    """Folder of task folders with gold patches, when no family is given."""
+    num_tasks: int = 64
+    """Demonstrations recorded (each task once)."""
+    init: str = ""
+    """Checkpoint folder to fine-tune; empty builds the recipe's [model] afresh (ignoring model.path,
+    which RL uses to start from this stage's output)."""
+    out: str = ""
+    """Where the fine-tuned checkpoint goes; empty: ``{run.out_dir}/{run.name}-sft``."""
+    steps: int = 40
+    batch_size: int = 8
+    """Episodes per step."""
+    lr: float = 2e-3
+    """AdamW peak learning rate (linear warm-up, cosine decay to a tenth)."""
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+    def validate(self) -> None:
+        if self.task_family and self.tasks:
+            raise ConfigError(f"sft.task_family = {self.task_family!r} and sft.tasks = {self.tasks!r}: pick one")
+        for name in ("num_tasks", "steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"sft.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ConfigError("sft.lr must be > 0; sft.warmup_steps, sft.grad_clip, sft.weight_decay >= 0")
 
 
 @dataclass
@@ -528,6 +632,54 @@ class NumericsConfig:
 
 
 @dataclass
+class TasksConfig:
+    """Task generation, mining and validation (``opencomposer tasks generate|mine|validate``;
+    ``opencomposer.envs.generators``, docs/tasks.md)."""
+
+    train_projects: list[str] = field(default_factory=lambda: ["inventory", "textkit", "confkit"])
+    """Built-in source projects (``suites/projects``) the training stream draws from."""
+    heldout_projects: list[str] = field(default_factory=lambda: ["ledger", "scheduler"])
+    """Projects of the held-out evaluation split; no project may be in both lists, so the two
+    splits share no file of any source project."""
+    bugs_weight: float = 0.4
+    """Share of bug-injection tasks in a ``mixed`` stream."""
+    deletion_weight: float = 0.35
+    """Share of feature-deletion tasks in a ``mixed`` stream."""
+    refactor_weight: float = 0.25
+    """Share of multi-file refactor tasks in a ``mixed`` stream."""
+    multi_bug_fraction: float = 0.35
+    """Share of bug tasks that inject two or three bugs, each in a different file."""
+    max_attempts: int = 40
+    """Candidates tried for one task index before the index is given up (and reported)."""
+    test_timeout_s: float = 120.0
+    """Wall-clock limit of one test run of a candidate state, in the sandbox."""
+    per_test_timeout_s: float = 10.0
+    """pytest-timeout limit per test: mutated code that loops fails its test instead of hanging."""
+    min_pass_to_pass: float = 0.5
+    """A broken state must still pass this fraction of the tests that pass in gold (below it the
+    change broke imports or half the package, and the task says little)."""
+    workers: int = 2
+    """Task indices generated (or tasks validated) in parallel, each in its own sandboxes."""
+
+    def validate(self) -> None:
+        both = sorted(set(self.train_projects) & set(self.heldout_projects))
+        if both:
+            raise ConfigError(f"tasks.train_projects and tasks.heldout_projects share {both}; the held-out "
+                              "split must share no source project with the training stream")
+        weights = (self.bugs_weight, self.deletion_weight, self.refactor_weight)
+        if min(weights) < 0 or sum(weights) <= 0:
+            raise ConfigError(f"tasks.*_weight: expected non-negative weights with a positive sum, got {weights}")
+        for name in ("multi_bug_fraction", "min_pass_to_pass"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"tasks.{name}: must be in [0, 1], got {getattr(self, name)}")
+        if self.max_attempts < 1 or self.workers < 1:
+            raise ConfigError(f"tasks.max_attempts and tasks.workers must be >= 1, got {self.max_attempts} "
+                              f"and {self.workers}")
+        if self.test_timeout_s <= 0 or self.per_test_timeout_s <= 0:
+            raise ConfigError("tasks.test_timeout_s and tasks.per_test_timeout_s must be positive")
+
+
+@dataclass
 class Config:
     """A whole recipe. Sections match the TOML tables of ``recipes/*.toml``."""
 
@@ -543,6 +695,8 @@ class Config:
     grading: GradingConfig = field(default_factory=GradingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
 
 
 # ----------------------------------------------------------------------------------------------

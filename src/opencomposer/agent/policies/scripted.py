@@ -9,7 +9,9 @@ token-level bookkeeping runs exactly as with a model. When the script runs out i
 
 Built-in scripts: ``oracle_policy`` replays a task's gold patch through the tools (one ``edit``
 per hunk where the hunk's old text is unique, else ``write_file`` of the patched file, ``run rm``
-for deletions), then finishes; ``noop_policy`` finishes at once.
+for deletions), then finishes; a task without a gold patch whose folder has
+``solution/answer.md`` (a question that must not edit code) is answered with that text as the
+final message; ``noop_policy`` finishes at once.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class ScriptedPolicy:
 def oracle_script(task: Task) -> list[ScriptTurn]:
     """Tool calls that turn ``task.repo`` into the gold solution, in one turn, then ``finish``."""
     if not task.gold_patch:
+        answer = task.path / "solution" / "answer.md" if task.path is not None else None
+        if answer is not None and answer.is_file():  # a no-edit task: the reference final message
+            return [[call("finish", message=answer.read_text(encoding="utf-8"))]]
         return [[call("finish", message=f"Task {task.id} has no gold patch; the oracle cannot solve it.")]]
     calls: list[ToolCall] = []
     for fp in parse_patch(task.gold_patch):
