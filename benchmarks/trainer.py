@@ -1,0 +1,171 @@
+"""Training throughput of one RL step: opencomposer's trainer against TRL's ``GRPOTrainer`` loss step.
+
+Both sides train the same model on the same batch: B prompts × G completions, every prompt made of
+a system prefix shared by all (an agent harness's system prompt and tool list) plus a short
+instruction of its own, every completion C tokens. Both take one Adam step per batch with the KL
+term off, and with a loss that sums per-token terms over a constant (ours: the Composer loss;
+TRL: ``loss_type = "dr_grpo"``). Timed: forward (log-probs and entropy), loss, backward, optimizer
+step. Not timed: generation, rewards, the reference model.
+
+    .venv/bin/pip install "trl==1.16.0"     # only for this script; it leaves torch 2.13.0 alone
+    .venv/bin/python benchmarks/trainer.py [--threads 1] [--steps 5]
+
+Prints tokens per second (prompt + completion tokens of the batch, per second of step) for ours,
+ours without the shared-prefix forward, and TRL, and the ratio. The target is >= 1.5x TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+
+def build_model(args):
+    from opencomposer.config import ModelConfig
+    from opencomposer.model.loading import default_tokenizer, load_model
+
+    spec = ModelConfig(hidden_size=args.hidden, num_layers=args.layers, head_dim=args.hidden // 4,
+                       num_experts=args.experts, moe_intermediate_size=args.hidden)
+    return load_model(spec, default_tokenizer(), seed=0)
+
+
+def synthetic_batch(args):
+    """prompt ids [B*G, P], completion ids [B*G, C], advantages [B*G] (group-centred)."""
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(10, 4000, args.prefix)
+    prompts = [np.concatenate([prefix, rng.integers(10, 4000, args.instruction)]) for _ in range(args.prompts)]
+    prompt_ids = np.stack([prompts[i // args.group] for i in range(args.prompts * args.group)])
+    completion_ids = rng.integers(10, 4000, (args.prompts * args.group, args.completion))
+    rewards = rng.random((args.prompts, args.group))
+    advantages = (rewards - rewards.mean(1, keepdims=True)).reshape(-1)
+    return prompt_ids, completion_ids, advantages
+
+
+def time_steps(step, steps: int) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def ours(model, tokenizer, batch, args, share_prefix: bool) -> float:
+    import opencomposer.rl.step as step_module
+    from opencomposer.config import RLConfig
+    from opencomposer.rl.batch import SequenceRow, collate, micro_batches
+    from opencomposer.rl.forward import token_logprobs
+    from opencomposer.rl.step import make_optimizer, train_step
+
+    prompt_ids, completion_ids, advantages = batch
+    rows = []
+    for i in range(len(prompt_ids)):
+        ids = np.concatenate([prompt_ids[i], completion_ids[i]])
+        mask = np.zeros(len(ids), dtype=bool)
+        mask[len(prompt_ids[i]):] = True
+        rows.append(SequenceRow(i // args.group, ids[:-1], ids[1:], mask[1:], np.zeros(len(ids) - 1, np.float32),
+                                float(advantages[i])))
+    config = RLConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens)
+    config.kl.reference, config.kl.coef = "none", 0.0
+    batches = [collate(chunk, 0) for chunk in micro_batches(rows, config.micro_batch_tokens)]
+    optimizer = make_optimizer(model, config)
+    original = step_module.token_logprobs
+
+    def forward(model, batch, **kwargs):
+        return original(model, batch, share_prefix=share_prefix, **kwargs)
+
+    step_module.token_logprobs = forward
+    try:
+        return time_steps(lambda: train_step(model, optimizer, batches, config), args.steps)
+    finally:
+        step_module.token_logprobs = token_logprobs
+
+
+def trl(model, tokenizer, batch, args) -> float:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompt_ids, completion_ids, advantages = batch
+    n = len(prompt_ids)
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=n, num_generations=args.group,
+            max_completion_length=args.completion, beta=0.0, loss_type="dr_grpo", learning_rate=1e-6,
+            report_to=[], use_cpu=True, bf16=False, logging_steps=10_000, save_strategy="no",
+            gradient_accumulation_steps=1, optim="adamw_torch", weight_decay=0.0,
+        )
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=config,
+            train_dataset=Dataset.from_dict({"prompt": ["x"] * n}), processing_class=tokenizer,
+        )
+        trainer.create_optimizer()
+        trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() in a full run
+        policy = trainer.model
+        policy.train()
+        inputs = {
+            "prompt_ids": torch.from_numpy(prompt_ids), "prompt_mask": torch.ones(prompt_ids.shape, dtype=torch.long),
+            "completion_ids": torch.from_numpy(completion_ids),
+            "completion_mask": torch.ones(completion_ids.shape, dtype=torch.long),
+            "advantages": torch.from_numpy(advantages).float(), "num_items_in_batch": torch.tensor(float(completion_ids.size)),
+        }
+
+        def step():
+            loss = trainer.compute_loss(policy, inputs)
+            loss.backward()
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad(set_to_none=True)
+
+        return time_steps(step, args.steps)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=2, help="B: prompts per batch")
+    parser.add_argument("--group", type=int, default=8, help="G: completions per prompt")
+    parser.add_argument("--prefix", type=int, default=1024, help="tokens of the shared system prefix")
+    parser.add_argument("--instruction", type=int, default=64, help="tokens of each prompt's own part")
+    parser.add_argument("--completion", type=int, default=128, help="C: tokens per completion")
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--micro-batch-tokens", type=int, default=1 << 20, help="ours: one micro-batch by default")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side (median reported)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    try:
+        import trl as trl_package
+    except ImportError:
+        print('TRL is not installed. For this benchmark only: .venv/bin/pip install "trl==1.16.0"', file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batch = synthetic_batch(args)
+    tokens = batch[0].size + batch[1].size
+    results = {}
+    for name in ("ours", "ours, no shared prefix", "TRL GRPOTrainer"):
+        model, tokenizer = build_model(args)  # a fresh copy per side: same weights, fresh optimizer
+        if name == "TRL GRPOTrainer":
+            seconds = trl(model, tokenizer, batch, args)
+        else:
+            seconds = ours(model, tokenizer, batch, args, share_prefix=name == "ours")
+        results[name] = seconds
+    print(f"torch {torch.__version__}, TRL {trl_package.__version__}, {torch.get_num_threads()} threads; "
+          f"batch {args.prompts} prompts x {args.group} completions, prompt {args.prefix}+{args.instruction}, "
+          f"completion {args.completion} tokens ({tokens:,} tokens/step)")
+    for name, seconds in results.items():
+        print(f"  {name:<24} {seconds * 1000:9.1f} ms/step  {tokens / seconds:10,.0f} tokens/s")
+    ratio = results["TRL GRPOTrainer"] / results["ours"]
+    print(f"ours / TRL throughput: {ratio:.2f}x (target >= 1.5x); without the shared prefix: "
+          f"{results['TRL GRPOTrainer'] / results['ours, no shared prefix']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

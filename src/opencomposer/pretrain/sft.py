@@ -1,0 +1,190 @@
+"""Supervised fine-tuning on scripted episodes: the RECIPE.md §3 SFT phase, and RL's starting point.
+
+Demonstrations are recorded in the real harness: the oracle policy (the task's gold patch replayed
+through the tools, ``agent.policies.scripted``) plays each task in a sandbox, all its calls in one
+turn followed by ``finish``, and the agent loop records the episode token in, token out, exactly
+as it records an RL rollout. SFT then trains on those records with the same packing and forward
+as the RL trainer (``rl.batch``, ``rl.forward``): cross-entropy on the model-written tokens only
+(prompts and tool outputs are context, not targets), averaged over the batch's model tokens.
+AdamW, linear warm-up, cosine decay to a tenth of the peak learning rate.
+
+For the RL learning test the run is kept short on purpose, so that the model solves its task
+family only some of the time: RL needs groups whose rollouts disagree.
+
+Not here: chat-transcript SFT data sets (no data set is downloaded), packing several episodes
+into one row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from opencomposer.config import Config, ConfigError, SFTConfig, load_recipe, to_toml
+from opencomposer.types import Episode, EpisodeStatus, Task
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    seconds: float
+    demonstrations: int
+    history: list[dict] = field(default_factory=list)  # one row per step: step, lr, loss, tokens
+
+    @property
+    def first_loss(self) -> float:
+        return self.history[0]["loss"]
+
+    @property
+    def last_loss(self) -> float:
+        return self.history[-1]["loss"]
+
+
+def one_turn_oracle(task: Task) -> list[list[Any]]:
+    """The oracle's tool calls for ``task`` and a short ``finish``, all in a single turn."""
+    from opencomposer.agent.policies.scripted import call, oracle_script
+
+    calls = [c for turn in oracle_script(task) for c in turn if c.name != "finish"]
+    return [[*calls, call("finish", message="Done.")]]
+
+
+def record_demonstrations(tasks: list[Task], tokenizer: Any, config: Config) -> list[Episode]:
+    """Play ``one_turn_oracle`` on every task in the real loop and sandbox (no grading needed:
+    the oracle's change is the gold patch); returns the token-level episodes."""
+    from opencomposer.agent.loop import AgentLoop
+    from opencomposer.agent.policies.scripted import ScriptedPolicy
+    from opencomposer.envs.sandbox import Sandbox
+
+    policy = ScriptedPolicy(one_turn_oracle, name="oracle-one-turn", tokenizer=tokenizer)
+    episodes = []
+    for task in tasks:
+        with Sandbox(task.repo, config.sandbox, workdir=task.workdir) as sandbox:
+            episode = AgentLoop(policy, task, sandbox, config.agent).run()
+        if episode.status != EpisodeStatus.OK:
+            raise RuntimeError(f"the oracle did not finish task {task.id}: {episode.status.value} ({episode.error})")
+        episodes.append(episode)
+    return episodes
+
+
+def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
+    """The tasks SFT demonstrates: a folder of tasks, or a tiny family's training split from a seed
+    stream of its own (RL's stream is another; the held-out split is never demonstrated)."""
+    sft = config.sft
+    if sft.task_family:
+        from opencomposer.envs.generators.tiny import tiny_spec, write_tiny_task
+
+        seed = config.run.seed + 1  # not RL's stream (run.seed)
+        specs = [tiny_spec(seed, "train", i, sft.task_family) for i in range(sft.num_tasks)]
+        return [write_tiny_task(folder / f"demo-{i:05d}", spec) for i, spec in enumerate(specs)]
+    if not sft.tasks:
+        raise ConfigError('sft: set sft.task_family (e.g. "tiny") or sft.tasks = FOLDER (task folders with gold patches)')
+    from opencomposer.envs.tasks import load_suite
+
+    tasks = [t for t in load_suite(sft.tasks) if t.gold_patch][: sft.num_tasks]
+    if not tasks:
+        raise ConfigError(f"sft.tasks: no task under {sft.tasks} has a gold patch to demonstrate")
+    return tasks
+
+
+def lr_at(step: int, config: SFTConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``lr / 10`` at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def sft(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    episodes: list[Episode],
+    config: SFTConfig,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+) -> SFTResult:
+    """Train ``model`` in place on the model tokens of ``episodes``; returns the loss history."""
+    from opencomposer.pretrain.cpt import _progress
+    from opencomposer.rl.batch import collate, episode_rows
+    from opencomposer.rl.forward import token_logprobs
+    from opencomposer.rl.step import batch_to
+
+    rows = episode_rows(episodes)
+    if not rows:
+        raise ValueError("sft: the demonstrations hold no model tokens")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                                   {"params": other, "weight_decay": 0.0}], lr=config.lr)
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    result = SFTResult(steps=0, seconds=0.0, demonstrations=len(episodes))
+    start = time.perf_counter()
+    model.train()
+    with _progress(progress) as bar:
+        task = bar.add_task("sft", total=config.steps, loss=float("nan"))
+        for step in range(config.steps):
+            while len(order) < config.batch_size:  # epochs in a seeded order
+                order += rng.permutation(len(rows)).tolist()
+            chosen, order = [rows[i] for i in order[: config.batch_size]], order[config.batch_size :]
+            batch = batch_to(collate(chosen, int(pad)), device)
+            lr = lr_at(step, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            logprobs, _ = token_logprobs(model, batch, with_entropy=False)
+            mask = batch.loss_mask
+            loss = -torch.where(mask, logprobs, 0.0).sum() / mask.sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            result.steps = step + 1
+            result.history.append({"step": step + 1, "lr": lr, "loss": float(loss), "tokens": int(mask.sum())})
+            bar.update(task, advance=1, loss=float(loss))
+    model.eval()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def sft_output(config: Config) -> Path:
+    return Path(config.sft.out) if config.sft.out else Path(config.run.out_dir) / f"{config.run.name}-sft"
+
+
+def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any, SFTResult, Path]:
+    """Demonstrations → SFT → checkpoint at ``sft_output(config)`` (loadable as ``model.path``)."""
+    import dataclasses
+
+    from opencomposer.model.loading import load_model, save_checkpoint
+
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    init = config.sft.init
+    spec = dataclasses.replace(config.model, kind="hf", path=init) if init else dataclasses.replace(config.model, path="")
+    model, tokenizer = load_model(spec, seed=config.run.seed)
+    with tempfile.TemporaryDirectory(prefix="opencomposer-sft-") as scratch:
+        tasks = demonstration_tasks(config, Path(scratch))
+        episodes = record_demonstrations(tasks, tokenizer, config)
+    result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress)
+    out = sft_output(config)
+    save_checkpoint(model, tokenizer, out)
+    (out / "recipe.toml").write_text(to_toml(config))
+    return model, tokenizer, result, out
+
+
+def main(args: argparse.Namespace) -> int:
+    config = load_recipe(args.recipe, args.overrides)
+    _, _, result, out = run_sft(config)
+    print(f"{result.steps} SFT steps on {result.demonstrations} demonstrations in {result.seconds:.0f} s; "
+          f"loss {result.first_loss:.3f} → {result.last_loss:.3f}; checkpoint: {out}")
+    return 0

@@ -1,0 +1,179 @@
+"""Resumable RL checkpoints, written atomically, and the exactly-once record of the task stream.
+
+A checkpoint is a folder ``{run}/checkpoints/step-NNNNNN/`` holding everything a resumed run needs
+to continue as if it had never stopped:
+
+- ``model/``: the policy's weights and tokenizer (a Hugging Face folder; ``local:PATH`` loads it);
+- ``trainer.pt``: Adam's state and the RNG states (torch, NumPy, Python);
+- ``state.json``: the step, the position in the task stream and the record of every task trained
+  on so far (stream index, task id, the step that trained it), plus the policy version.
+
+**Atomicity.** A checkpoint is written into a hidden temporary folder, every file is fsynced, and
+the folder is renamed to its final name (an atomic ``rename(2)`` on one file system), then the
+parent directory is fsynced. A folder named ``step-NNNNNN`` is therefore always complete; a run
+killed while writing leaves only a hidden ``.step-*.tmp*`` folder, removed at the next start.
+Old checkpoints are renamed out of the way before they are deleted, for the same reason.
+
+**Exactly once.** The record of trained tasks lives only inside checkpoints, next to the weights
+those tasks produced: a step's tasks count as trained when, and only when, a checkpoint holding
+the step's weights exists. A run killed at any point resumes from its newest checkpoint; the
+steps after it (their rollouts, their updates, any evaluation) are lost with the process and are
+replayed from the same stream position, so every task of the stream ends up in the weights
+exactly once and in the record exactly once. ``metrics.jsonl`` and the TensorBoard events are cut
+back to the checkpoint's step on resume (``rl.loop``), so logs agree with the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINTS = "checkpoints"
+PREFIX = "step-"
+
+
+@dataclass
+class RunState:
+    """Where a run is: steps done, next stream position, and every task trained so far."""
+
+    step: int = 0
+    cursor: int = 0
+    trained: list[dict[str, Any]] = field(default_factory=list)  # {"index", "task_id", "step"}
+
+    @classmethod
+    def from_json(cls, text: str) -> RunState:
+        data = json.loads(text)
+        return cls(step=int(data["step"]), cursor=int(data["cursor"]), trained=list(data["trained"]))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1) + "\n"
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a directory entry list, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old file or
+    the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    fsync_path(tmp)
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def atomic_directory(final: Path, write: Any) -> Path:
+    """Build a folder with ``write(tmp_folder)``, fsync it, then rename it to ``final`` atomically."""
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    for dirpath, _, filenames in os.walk(tmp):
+        for name in filenames:
+            fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))
+    if final.exists():  # only when a step is saved twice; the new copy wins
+        _discard(final)
+    os.rename(tmp, final)
+    fsync_path(final.parent)
+    return final
+
+
+def _discard(path: Path) -> None:
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def rng_state() -> dict[str, Any]:
+    """The process's RNG states, in types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(position), int(has_gauss), float(cached)],
+        "python": list(random.getstate()[1]) + [random.getstate()[0], random.getstate()[2]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    *internal, version, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"{PREFIX}{step:06d}"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (hidden temporary folders are never listed)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def remove_partial(run_dir: Path) -> list[Path]:
+    """Delete what a killed run left half-written (hidden temporary and trash folders)."""
+    removed = []
+    for root in (Path(run_dir), Path(run_dir) / CHECKPOINTS):
+        if not root.is_dir():
+            continue
+        for path in root.iterdir():
+            if path.name.startswith(".") and (".tmp" in path.name or path.name.startswith(".trash-")):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
+def save_training_checkpoint(
+    run_dir: Path,
+    state: RunState,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write the checkpoint of ``state.step`` atomically, then keep only the newest ``keep``."""
+    from opencomposer.model.loading import save_checkpoint
+
+    def write(folder: Path) -> None:
+        save_checkpoint(model, tokenizer, folder / "model")
+        torch.save({**trainer_state, "rng": rng_state()}, folder / "trainer.pt")
+        (folder / "state.json").write_text(state.to_json())
+
+    final = atomic_directory(checkpoint_dir(run_dir, state.step), write)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        _discard(old)
+    return final
+
+
+def load_training_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
+    """``(state, trainer_state)`` of a checkpoint folder; the weights are in ``path / "model"``.
+    RNG states are restored as a side effect."""
+    state = RunState.from_json((path / "state.json").read_text())
+    trainer_state = torch.load(path / "trainer.pt", weights_only=True)
+    set_rng_state(trainer_state.pop("rng"))
+    return state, trainer_state

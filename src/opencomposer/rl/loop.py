@@ -1,0 +1,280 @@
+"""``opencomposer rl``: the synchronous RL loop (RECIPE.md §4; DESIGN.md, "Data flow of one RL step").
+
+One step: take the next B tasks of the stream, roll out G episodes of each in the real harness
+(sandboxes, agent loop, grading), score them (reference forward, KL penalty, named-term reward,
+group advantages), take one Adam step, and push the new weights into the sampler as policy
+version ``step``. Every ``rl.eval_every`` steps (and before the first, and after the last) the
+held-out suite is evaluated on a fixed seed set. Every ``rl.checkpoint_every`` steps the run is
+checkpointed atomically with the record of trained tasks (``rl.checkpoint``).
+
+Synchronous on purpose: sampling waits for training and training waits for sampling, so the
+policy that samples is always the one being trained (versions equal; no importance correction
+needed). The report's asynchronous pipeline is the job of ``services/``.
+
+Resuming: ``opencomposer rl`` on a run folder that has checkpoints continues from the newest one.
+The steps after it are replayed from the same stream position with the same episode seeds; logs
+(``metrics.jsonl``, TensorBoard) are cut back to the checkpoint first.
+
+Outputs under ``{run.out_dir}/{run.name}``: ``recipe.toml``, ``initial/`` (the starting policy,
+also the KL reference), ``checkpoints/``, ``metrics.jsonl``, ``tb/`` (TensorBoard),
+``rollouts/step-NNNNNN.jsonl`` (one line per episode), ``summary.json``. ``opencomposer report RUN``
+draws the curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opencomposer.config import Config, ModelConfig, load_recipe, to_toml
+from opencomposer.rl.checkpoint import (
+    RunState,
+    atomic_directory,
+    atomic_write_text,
+    latest_checkpoint,
+    load_training_checkpoint,
+    remove_partial,
+    save_training_checkpoint,
+)
+from opencomposer.types import Group
+
+
+class MetricsLog:
+    """``metrics.jsonl`` plus TensorBoard events; on resume both are cut back to ``resume_step``."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = run_dir / "metrics.jsonl"
+        kept = []
+        if resume_step is not None and self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+        self.file = self.path.open("a")
+
+    def log(self, step: int, kind: str, metrics: dict[str, float]) -> None:
+        row = {"step": step, "kind": kind, "time": time.time(), **metrics}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        for name, value in metrics.items():
+            self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        self.writer.close()
+
+
+@dataclass
+class RLSummary:
+    steps: int
+    seconds: float
+    evaluations: list[dict[str, float]]  # each with its "step"
+    run_dir: Path
+
+    @property
+    def first_eval(self) -> dict[str, float] | None:
+        return self.evaluations[0] if self.evaluations else None
+
+    @property
+    def last_eval(self) -> dict[str, float] | None:
+        return self.evaluations[-1] if self.evaluations else None
+
+
+def _device(config: Config) -> str:
+    if config.run.device != "auto":
+        return config.run.device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_folder(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
+    from opencomposer.model.loading import load_model
+
+    spec = ModelConfig(kind="hf", path=str(path), dtype=config.model.dtype)
+    return load_model(spec, device=_device(config))
+
+
+class RLRun:
+    """One ``opencomposer rl`` run: set up (fresh or resumed), then ``run()`` the steps."""
+
+    def __init__(self, config: Config, progress: bool = True):
+        from opencomposer.rl.tasks import TaskStream, heldout_tasks
+
+        self.config = config
+        self.rl = config.rl
+        self.progress = progress
+        self.run_dir = config.run.path
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if config.run.threads:
+            torch.set_num_threads(config.run.threads)
+        remove_partial(self.run_dir)
+        atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
+        self.stream = TaskStream(config, self.run_dir)
+        self.stream.check_length(self.rl.steps * self.rl.batch_tasks)
+        self.heldout = heldout_tasks(config, self.run_dir) if self.rl.eval_every else []
+        checkpoint = latest_checkpoint(self.run_dir)
+        self.resumed_from = checkpoint
+        initial = self._initial_policy()
+        self.model, self.tokenizer = _load_folder(checkpoint / "model" if checkpoint else initial, config)
+        reference = None
+        if self.rl.kl.reference == "initial":
+            from opencomposer.rl.trainer import frozen_copy
+
+            reference = frozen_copy(_load_folder(initial, config)[0])
+        from opencomposer.rl.trainer import Trainer
+
+        self.trainer = Trainer(self.model, self.tokenizer, config, reference=reference)
+        self.state = RunState()
+        if checkpoint is not None:
+            self.state, trainer_state = load_training_checkpoint(checkpoint)
+            self.trainer.load_state_dict(trainer_state)
+        from opencomposer.inference.batching import BatchingEngine
+        from opencomposer.inference.local import LocalEngine
+
+        engine = LocalEngine(copy.deepcopy(self.model).eval(), self.tokenizer, policy_version=self.state.step)
+        self.batcher = BatchingEngine(engine)
+        self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None)
+        self.evaluations = self._logged_evaluations() if checkpoint else []
+
+    def _initial_policy(self) -> Path:
+        """``{run}/initial``: the policy RL starts from (and the KL reference), saved once."""
+        from opencomposer.model.loading import load_model, save_checkpoint
+
+        initial = self.run_dir / "initial"
+        if not (initial / "config.json").is_file():
+            model, tokenizer = load_model(self.config.model, seed=self.config.run.seed)
+            atomic_directory(initial, lambda folder: save_checkpoint(model, tokenizer, folder))
+        return initial
+
+    def _logged_evaluations(self) -> list[dict[str, float]]:
+        rows = [json.loads(line) for line in self.log.path.read_text().splitlines() if line.strip()]
+        return [row for row in rows if row["kind"] == "eval"]
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> RLSummary:
+        from opencomposer.pretrain.cpt import _progress
+
+        started = time.perf_counter()
+        try:
+            with self._bar() as bar:
+                task = bar.add_task("rl", total=self.rl.steps, completed=self.state.step, reward=float("nan"),
+                                    passed=float("nan"))
+                if self.state.step == 0 and self._eval_due(0):
+                    self.evaluate()
+                while self.state.step < self.rl.steps:
+                    metrics = self.step()
+                    bar.update(task, completed=self.state.step, reward=metrics.get("reward_mean", float("nan")),
+                               passed=metrics.get("resolved_rate", float("nan")))
+                    if self._eval_due(self.state.step):
+                        self.evaluate()
+                    if self.state.step % self.rl.checkpoint_every == 0 or self.state.step == self.rl.steps:
+                        self.checkpoint()
+        finally:
+            self.log.close()
+        summary = RLSummary(self.state.step, time.perf_counter() - started, self.evaluations, self.run_dir)
+        atomic_write_text(self.run_dir / "summary.json", json.dumps({
+            "steps": summary.steps, "evaluations": summary.evaluations,
+            "final_model": str(latest_checkpoint(self.run_dir) / "model") if latest_checkpoint(self.run_dir) else None,
+        }, indent=1) + "\n")
+        return summary
+
+    def _bar(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        return Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]:.3f}  resolved {task.fields[passed]:.2f}"),
+            TimeElapsedColumn(), disable=not self.progress,
+        )
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.rl.eval_every
+        return bool(every) and bool(self.heldout) and (step % every == 0 or step == self.rl.steps)
+
+    def step(self) -> dict[str, float]:
+        """Rollouts → score → one optimizer step → publish; the stream position advances by B."""
+        from opencomposer.rl.rollouts import episode_seed, run_groups
+
+        rl, state = self.rl, self.state
+        started = time.perf_counter()
+        indices = list(range(state.cursor, state.cursor + rl.batch_tasks))
+        tasks = [self.stream.task(i) for i in indices]
+        seeds = [[episode_seed(self.config.run.seed, "train", i, j) for j in range(rl.group_size)] for i in indices]
+        calls_before, rows_before = self.batcher.stats.calls, self.batcher.stats.rows
+        groups = run_groups(tasks, self.batcher, self.tokenizer, self.config, group_size=rl.group_size,
+                            seeds=seeds, workers=rl.rollout_workers)
+        rollout_s = time.perf_counter() - started
+        scored = self.trainer.score(groups)
+        loss, train_metrics = self.trainer.train(scored)
+        state.step += 1
+        state.cursor += rl.batch_tasks
+        state.trained += [{"index": i, "task_id": t.id, "step": state.step} for i, t in zip(indices, tasks, strict=True)]
+        self.trainer.publish(self.batcher, state.step)
+        self._write_rollouts(groups)
+        metrics = {
+            **scored.metrics,
+            "loss": loss,
+            **train_metrics,
+            "rollout_s": rollout_s,
+            "step_s": time.perf_counter() - started,
+            "engine_calls": float(self.batcher.stats.calls - calls_before),
+            "engine_rows": float(self.batcher.stats.rows - rows_before),
+            "policy_version": float(state.step),
+        }
+        self.log.log(state.step, "train", metrics)
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        from opencomposer.rl.evaluate import evaluate
+
+        metrics = evaluate(self.heldout, self.batcher, self.tokenizer, self.config)
+        self.log.log(self.state.step, "eval", metrics)
+        self.evaluations.append({"step": self.state.step, **metrics})
+        return metrics
+
+    def checkpoint(self) -> Path:
+        return save_training_checkpoint(self.run_dir, self.state, self.model, self.tokenizer,
+                                        self.trainer.state_dict(), self.rl.keep_checkpoints)
+
+    def _write_rollouts(self, groups: list[Group]) -> None:
+        lines = []
+        for group, advantages in ((g, g.advantages) for g in groups):
+            for episode, advantage in zip(group.episodes, advantages, strict=True):
+                lines.append(json.dumps({
+                    "step": self.state.step, "task_id": episode.task_id, "sample": episode.sample_index,
+                    "status": episode.status.value, "reward": episode.reward, "advantage": advantage,
+                    "resolved": episode.metrics.get("resolved"), "terms": episode.reward_terms,
+                    "tokens": sum(len(t.token_ids) for t in episode.turns), "turns": len(episode.turns),
+                    "policy_versions": episode.policy_versions, "error": episode.error,
+                    "final_turn": episode.turns[-1].text if episode.turns else "",
+                }))
+        folder = self.run_dir / "rollouts"
+        folder.mkdir(exist_ok=True)
+        atomic_write_text(folder / f"step-{self.state.step:06d}.jsonl", "".join(line + "\n" for line in lines))
+
+
+def run_rl(config: Config, progress: bool = True) -> RLSummary:
+    """Run (or resume) the RL loop of ``config``; see the module doc."""
+    return RLRun(config, progress=progress).run()
+
+
+def main(args: argparse.Namespace) -> int:
+    config = load_recipe(args.recipe, args.overrides)
+    summary = run_rl(config)
+    first, last = summary.first_eval, summary.last_eval
+    line = f"{summary.steps} steps in {summary.seconds:.0f} s; run folder {summary.run_dir}"
+    if first and last:
+        line += (f"; held-out pass@1 {first['pass_at_1']:.3f} → {last['pass_at_1']:.3f}, "
+                 f"best-of-{int(last['k'])} {first['best_of_k']:.3f} → {last['best_of_k']:.3f}")
+    print(line)
+    return 0

@@ -1,0 +1,98 @@
+"""``opencomposer report RUN``: the curves of an RL run, drawn to PNG from its ``metrics.jsonl``.
+
+Panels (one PNG each under ``{run}/report/``, and all of them in ``{run}/report.png``):
+reward (training mean, held-out mean), pass rate (training resolved rate, held-out pass@1 and
+best-of-K), loss, KL (to the reference, and sampler-vs-trainer mismatch), entropy, lengths
+(model tokens and turns per episode) and the named reward terms. A metric the run never logged is
+left out of its panel; a panel with nothing to draw is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+PANELS: dict[str, list[tuple[str, str, str]]] = {  # panel -> [(kind, metric, label)]
+    "reward": [("train", "reward_mean", "train mean reward"), ("eval", "mean_reward", "held-out mean reward")],
+    "pass_rate": [("train", "resolved_rate", "train resolved rate"), ("eval", "pass_at_1", "held-out pass@1"),
+                  ("eval", "best_of_k", "held-out best-of-K")],
+    "loss": [("train", "loss", "loss")],
+    "kl": [("train", "kl_ref", "KL(policy ‖ reference), k1"), ("train", "kl_sampler", "KL(sampler ‖ trainer), k3"),
+           ("train", "kl_penalty_mean", "KL penalty per episode")],
+    "entropy": [("train", "entropy", "entropy (nats/token)")],
+    "lengths": [("train", "episode_tokens", "train model tokens/episode"), ("train", "episode_turns", "train turns/episode"),
+                ("eval", "episode_tokens", "held-out model tokens/episode")],
+}
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; is {run_dir} an `opencomposer rl` run folder?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(rows: list[dict], kind: str, metric: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric, skipping rows without it and non-finite values."""
+    points = [(row["step"], float(row[metric])) for row in rows
+              if row.get("kind") == kind and isinstance(row.get(metric), int | float) and math.isfinite(row[metric])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def panel_lines(rows: list[dict]) -> dict[str, list[tuple[str, list[int], list[float]]]]:
+    """Every panel's lines, including one line per named reward term."""
+    panels = {name: [(label, *series(rows, kind, metric)) for kind, metric, label in lines]
+              for name, lines in PANELS.items()}
+    terms = sorted({key for row in rows if row.get("kind") == "train" for key in row if key.startswith("reward/")})
+    panels["reward_terms"] = [(term.removeprefix("reward/"), *series(rows, "train", term)) for term in terms]
+    return {name: [line for line in lines if line[1]] for name, lines in panels.items()}
+
+
+def draw_report(run_dir: Path) -> list[Path]:
+    """Write the panels; returns the PNG paths (the combined figure last)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    panels = {name: lines for name, lines in panel_lines(read_metrics(run_dir)).items() if lines}
+    if not panels:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no step or evaluation yet")
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    written = []
+    columns = 3
+    rows_count = math.ceil(len(panels) / columns)
+    combined, axes = plt.subplots(rows_count, columns, figsize=(5 * columns, 3.6 * rows_count), squeeze=False)
+    for index, (name, lines) in enumerate(panels.items()):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for target in (ax, axes[index // columns][index % columns]):
+            for label, steps, values in lines:
+                target.plot(steps, values, "o-" if len(steps) < 30 else "-", label=label, markersize=3)
+            target.set_title(name.replace("_", " "))
+            target.set_xlabel("step")
+            target.grid(alpha=0.3)
+            target.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    for index in range(len(panels), rows_count * columns):
+        axes[index // columns][index % columns].axis("off")
+    combined.suptitle(f"RL run {run_dir.name}")
+    combined.tight_layout()
+    path = run_dir / "report.png"
+    combined.savefig(path, dpi=100)
+    plt.close(combined)
+    written.append(path)
+    return written
+
+
+def main(args: argparse.Namespace) -> int:
+    paths = draw_report(Path(args.run))
+    print(f"wrote {len(paths) - 1} panels to {paths[0].parent} and {paths[-1]}")
+    return 0

@@ -1,0 +1,104 @@
+"""One optimizer step of the policy: forward every micro-batch, the RL loss, backward, clip, Adam.
+
+Report §4.1 (RECIPE.md §4): single epoch (each batch of rollouts is used for exactly one step),
+**Adam, full-parameter updates**. Our Adam is ``torch.optim.Adam`` with β = (0.9, 0.999),
+ε = 1e-8 and no weight decay by default (the report names Adam and nothing else; these are
+Adam's paper values), all in ``rl.adam_betas`` / ``rl.adam_eps``; the learning rate is constant.
+
+Gradients of the micro-batches add up before the step. That is exact for the composer loss (its
+normaliser is a constant) and, because we pass the step's token and sequence counts to
+``LossInputs``, for the mean-based ablations too; a sequence never spans two micro-batches.
+The gradient norm is clipped to ``rl.grad_clip`` (0: no clipping). A non-finite gradient norm
+stops the run with an error instead of corrupting the weights.
+
+Returns ``(loss, metrics)``: the step's loss and token-weighted means of the loss metrics
+(entropy, KL to the sampler and to the reference, ratio range, ...), plus the gradient norm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from opencomposer.config import RLConfig
+from opencomposer.rl.forward import token_logprobs
+from opencomposer.rl.losses import LossInputs, rl_loss
+from opencomposer.types import TrainBatch
+
+
+def make_optimizer(model: torch.nn.Module, config: RLConfig) -> torch.optim.Adam:
+    """Adam over every trainable parameter (full-parameter RL)."""
+    return torch.optim.Adam(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.lr,
+        betas=(config.adam_betas[0], config.adam_betas[1]),
+        eps=config.adam_eps,
+        weight_decay=0.0,
+    )
+
+
+def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """The batch with every tensor on ``device``."""
+    moved = {
+        f.name: getattr(batch, f.name).to(device) if isinstance(getattr(batch, f.name), torch.Tensor)
+        else getattr(batch, f.name)
+        for f in dataclasses.fields(batch)
+    }
+    return TrainBatch(**moved)
+
+
+def _merge(total: dict[str, float], metrics: dict[str, float], tokens: float) -> None:
+    for name, value in metrics.items():
+        if name == "tokens":
+            total[name] = total.get(name, 0.0) + value
+        elif name == "ratio_max":
+            total[name] = max(total.get(name, value), value)
+        elif name == "ratio_min":
+            total[name] = min(total.get(name, value), value)
+        else:  # token-weighted mean, divided at the end
+            total[name] = total.get(name, 0.0) + value * tokens
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: list[TrainBatch],
+    config: RLConfig,
+) -> tuple[float, dict[str, float]]:
+    """Accumulate the loss's gradient over ``batches`` (the step's micro-batches), clip, step."""
+    device = next(model.parameters()).device
+    num_tokens = float(sum(int(b.loss_mask.sum()) for b in batches))
+    num_sequences = float(sum(int(b.loss_mask.any(1).sum()) for b in batches))
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total_loss = 0.0
+    totals: dict[str, float] = {}
+    for batch in batches:
+        batch = batch_to(batch, device)
+        logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16)
+        inputs = dataclasses.replace(
+            LossInputs.from_batch(batch, logprobs, entropy), num_tokens=num_tokens, num_sequences=num_sequences
+        )
+        loss, metrics = rl_loss(inputs, config.loss, config.kl)
+        loss.backward()
+        total_loss += float(loss.detach())
+        _merge(totals, metrics, metrics["tokens"])
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    if not torch.isfinite(torch.tensor(grad_norm)):
+        raise FloatingPointError(
+            f"non-finite gradient norm ({grad_norm}); the step was not applied. Lower rl.lr or enable rl.grad_clip"
+        )
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    metrics = {
+        name: value if name in ("tokens", "ratio_max", "ratio_min") else value / tokens
+        for name, value in totals.items()
+    }
+    metrics["grad_norm"] = grad_norm
+    metrics["micro_batches"] = float(len(batches))
+    return total_loss, metrics

@@ -1,0 +1,168 @@
+"""The trainer: from graded groups to one optimizer step, and new weights for the sampler.
+
+Order of one step (docs/rl.md, "How a trainer calls them"):
+
+1. ``score``: rows for every scored episode (``rl.batch``); the **reference forward** over them
+   (a frozen copy of the checkpoint RL started from, ``rl.kl.reference = "initial"``; none with
+   ``"none"``); the KL penalty coef·Σ_t k(t) per episode, from the sampler's logprobs and the
+   reference's (placement ``"reward"``); then each episode's named-term reward
+   (``rewards.episode_reward``) and the group advantages (``advantages.episode_advantages``).
+   Infrastructure failures are never scored; groups left with fewer than two scored episodes
+   are dropped.
+2. ``train``: the rows of episodes that have an advantage, micro-batched, through ``step.train_step``
+   (recomputed logprobs, ``rl_loss``, backward, clipping, Adam).
+3. ``publish``: the new weights go into the sampler with the step number as policy version.
+
+The trainer holds the policy, the reference and the optimizer; the loop (``rl.loop``) owns the
+task stream, rollouts, logging and checkpoints.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from opencomposer.config import Config
+from opencomposer.rl.advantages import episode_advantages
+from opencomposer.rl.batch import SequenceRow, collate, episode_index, episode_rows, micro_batches
+from opencomposer.rl.forward import reference_logprobs
+from opencomposer.rl.kl import sequence_kl_penalty
+from opencomposer.rl.rewards import diff_lines_changed, episode_reward
+from opencomposer.rl.step import make_optimizer, train_step
+from opencomposer.types import Episode, Group
+
+
+@dataclass
+class ScoredStep:
+    """What ``score`` hands to ``train``: the rows that enter the loss, and what it measured."""
+
+    rows: list[SequenceRow]
+    episodes: list[Episode]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` that never trains (the reference policy)."""
+    reference = copy.deepcopy(model).eval()
+    for parameter in reference.parameters():
+        parameter.requires_grad_(False)
+    return reference
+
+
+class Trainer:
+    """Scores groups and trains the policy on them (see module doc)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Config,
+                 reference: torch.nn.Module | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.rl = config.rl
+        self.reference = reference
+        if self.rl.kl.reference == "initial" and reference is None:
+            self.reference = frozen_copy(model)
+        self.optimizer = make_optimizer(model, self.rl)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
+
+    # ------------------------------------------------------------------------------------------
+    def score(self, groups: list[Group]) -> ScoredStep:
+        """Reference forward, KL penalty, rewards and advantages (in this order; see module doc)."""
+        episodes = [episode for group in groups for episode in group.episodes]
+        tasks = [group.task for group in groups for _ in group.episodes]
+        scored = [episode if episode.scored else None for episode in episodes]
+        rows = episode_rows(episodes, [0.0 if e is not None else None for e in scored])
+        if self.reference is not None and rows:
+            self._reference_pass(rows)
+        penalties = self._kl_penalties(rows, len(episodes))
+        metrics: dict[str, float] = {}
+        for i, (episode, task) in enumerate(zip(episodes, tasks, strict=True)):
+            if not episode.scored:
+                continue
+            reference_lines = diff_lines_changed(task.gold_patch) if task.gold_patch else None
+            episode.reward, episode.reward_terms = episode_reward(
+                episode, self.rl.reward, self.rl.length_penalty,
+                kl_penalty=float(penalties[i]), reference_lines_changed=reference_lines,
+            )
+        advantages, advantage_metrics = episode_advantages(
+            [group.episodes for group in groups], self.rl.advantage.std_normalize, self.rl.advantage.std_eps
+        )
+        metrics.update(advantage_metrics)
+        flat = [a for group_advantages in advantages for a in group_advantages]
+        for group, group_advantages in zip(groups, advantages, strict=True):
+            group.advantages = [a if a is not None else float("nan") for a in group_advantages]
+        kept = []
+        for row in rows:
+            if flat[row.episode] is not None:
+                row.advantage = float(flat[row.episode])
+                kept.append(row)
+        metrics.update(self._reward_metrics(episodes))
+        if self.reference is not None and rows:
+            kl_values = [float(penalties[i]) for i, e in enumerate(episodes) if e.scored]
+            metrics["kl_penalty_mean"] = float(np.mean(kl_values)) if kl_values else 0.0
+        return ScoredStep(rows=kept, episodes=episodes, metrics=metrics)
+
+    def _reference_pass(self, rows: list[SequenceRow]) -> None:
+        for chunk in micro_batches(rows, self.rl.micro_batch_tokens):
+            batch = collate(chunk, self.pad_id)
+            logprobs = reference_logprobs(self.reference, batch, bf16=self.rl.bf16)
+            for r, row in enumerate(chunk):
+                row.ref_logprobs = logprobs[r, : len(row)].numpy()
+
+    def _kl_penalties(self, rows: list[SequenceRow], num_episodes: int) -> np.ndarray:
+        """coef·Σ_t k(t) per episode (placement "reward"), else zeros."""
+        kl = self.rl.kl
+        totals = torch.zeros(num_episodes, dtype=torch.float64)
+        if self.reference is None or kl.placement != "reward" or kl.coef == 0 or not rows:
+            return totals.numpy()
+        for chunk in micro_batches(rows, self.rl.micro_batch_tokens):
+            batch = collate(chunk, self.pad_id)
+            totals += sequence_kl_penalty(
+                batch.sampler_logprobs.double(), batch.ref_logprobs.double(), batch.loss_mask,
+                episode_index(chunk, batch.input_ids.shape[1]), num_episodes, kl.coef, kl.estimator,
+            )
+        return totals.numpy()
+
+    @staticmethod
+    def _reward_metrics(episodes: list[Episode]) -> dict[str, float]:
+        scored = [e for e in episodes if e.scored]
+        if not scored:
+            return {}
+        out = {
+            "resolved_rate": float(np.mean([e.metrics.get("resolved", 0.0) for e in scored])),
+            "episode_tokens": float(np.mean([sum(len(t.token_ids) for t in e.turns) for e in scored])),
+            "episode_turns": float(np.mean([len(e.turns) for e in scored])),
+            "episodes_timeout": float(sum(e.status.value == "timeout" for e in scored)),
+        }
+        for name in scored[0].reward_terms:
+            out[f"reward/{name}"] = float(np.mean([e.reward_terms[name] for e in scored]))
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    def train(self, scored: ScoredStep) -> tuple[float, dict[str, float]]:
+        """One optimizer step on the scored rows. A step without gradient (no rows, or every
+        advantage zero and no KL term in the loss) skips the forward and the update: Adam would
+        otherwise keep moving the weights on momentum alone."""
+        kl_in_loss = self.rl.kl.placement == "loss" and self.rl.kl.coef > 0
+        if not scored.rows or (not kl_in_loss and all(row.advantage == 0.0 for row in scored.rows)):
+            return 0.0, {"tokens": float(sum(row.model_tokens for row in scored.rows)), "grad_norm": 0.0,
+                         "micro_batches": 0.0, "skipped": 1.0}
+        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(scored.rows, self.rl.micro_batch_tokens)]
+        loss, metrics = train_step(self.model, self.optimizer, batches, self.rl)
+        metrics["skipped"] = 0.0
+        return loss, metrics
+
+    def publish(self, engine: Any, version: int) -> None:
+        """Push the policy's weights into the sampler, tagged with ``version``."""
+        engine.load_weights({k: v.detach() for k, v in self.model.state_dict().items()}, version)
+
+    # ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])

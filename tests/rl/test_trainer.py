@@ -1,0 +1,157 @@
+"""The trainer: its gradient, clipping, micro-batching, Adam, scoring order and weight push,
+each against an independent computation."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from opencomposer.config import Config, RLConfig
+from opencomposer.rl.batch import collate, episode_rows, micro_batches
+from opencomposer.rl.step import make_optimizer, train_step
+from opencomposer.rl.trainer import Trainer
+from opencomposer.types import Episode, EpisodeStatus, Group, Segment, Task, TokenKind, Turn
+
+from .test_forward import SMALL
+
+PROMPT = list(range(100, 160))  # 60 shared prompt ids
+
+
+@pytest.fixture(scope="module")
+def small(tiny_tokenizer):
+    from opencomposer.model.loading import load_model
+
+    model, tokenizer = load_model(SMALL, tiny_tokenizer, seed=5)
+    return model, tokenizer
+
+
+def episode(rng, resolved: float, status=EpisodeStatus.OK, n_model: int = 6) -> Episode:
+    ids = rng.integers(200, 3000, n_model).tolist()
+    turn = Turn(token_ids=ids, logprobs=(-rng.random(n_model)).tolist(), token_kinds=[TokenKind.TOOL_CALL] * n_model,
+                observation_ids=rng.integers(200, 3000, 4).tolist(), observation_kinds=[TokenKind.TOOL_OUTPUT] * 4)
+    turn2 = Turn(token_ids=rng.integers(200, 3000, 3).tolist(), logprobs=[-0.5] * 3, token_kinds=[TokenKind.FINAL_MESSAGE] * 3)
+    metrics = {"resolved": resolved, "fail_to_pass": resolved, "pass_to_pass": 1.0, "lint_added": 0.0,
+               "lines_changed": 2.0}
+    return Episode(task_id="t", segments=[Segment(prompt_ids=list(PROMPT), turns=[turn, turn2])], status=status,
+                   metrics=metrics, diff="")
+
+
+def manual_gradient(model, rows, token_budget: int) -> dict[str, torch.Tensor]:
+    """−Σ A·log π / budget over model tokens, from one plain forward per row."""
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for row in rows:
+        logits = model(input_ids=torch.from_numpy(row.input_ids)[None]).logits[0].double()
+        logp = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(row.target_ids)[:, None])[:, 0]
+        total = total - (row.advantage * logp[torch.from_numpy(row.loss_mask)]).sum() / token_budget
+    total.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def sgd_update(model, batches, config: RLConfig) -> dict[str, torch.Tensor]:
+    """Parameter change of one train_step under SGD(lr=1): minus the (clipped) gradient."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batches, config)
+    delta = {n: p.detach() - before[n] for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(before[n])
+    return delta
+
+
+def test_train_step_gradient_is_the_composer_policy_gradient_and_micro_batches_add_up(small):
+    model, _ = small
+    rng = np.random.default_rng(0)
+    episodes = [episode(rng, r) for r in (1.0, 0.0, 0.0, 1.0, 0.0)]
+    rows = episode_rows(episodes, [0.6, -0.4, -0.4, 0.6, -0.4])
+    config = RLConfig(grad_clip=0.0)
+    config.loss.token_budget = 64
+    expected = manual_gradient(model, rows, config.loss.token_budget)
+    whole = sgd_update(model, [collate(rows, 0)], config)
+    split = sgd_update(model, [collate(c, 0) for c in micro_batches(rows, max_tokens=2 * 75)], config)
+    assert len(micro_batches(rows, max_tokens=2 * 75)) == 3
+    for name, grad in expected.items():
+        scale = float(grad.abs().max()) + 1e-12
+        assert float((-whole[name] - grad).abs().max()) / scale < 1e-3, name
+        assert float((split[name] - whole[name]).abs().max()) / scale < 1e-3, name
+    untouched = [n for n, d in whole.items() if n not in expected]
+    assert all(float(whole[n].abs().max()) == 0.0 for n in untouched)
+
+
+def test_gradient_clipping_bounds_the_update_norm(small):
+    model, _ = small
+    rows = episode_rows([episode(np.random.default_rng(1), 1.0)], [1.0])
+    config = RLConfig(grad_clip=1e-3)
+    config.loss.token_budget = 1  # a gradient far above the clip
+    delta = sgd_update(model, [collate(rows, 0)], config)
+    norm = torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values()))
+    assert float(norm) == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_optimizer_is_full_parameter_adam_with_the_recipe_betas_and_eps(small):
+    model, _ = small
+    optimizer = make_optimizer(model, RLConfig(lr=3e-4, adam_betas=[0.8, 0.95], adam_eps=1e-6))
+    assert type(optimizer) is torch.optim.Adam
+    group = optimizer.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-4, (0.8, 0.95), 1e-6, 0.0)
+    assert sum(p.numel() for p in group["params"]) == sum(p.numel() for p in model.parameters())
+
+
+def test_score_puts_the_k1_penalty_into_the_reward_before_the_group_advantage(small):
+    model, tokenizer = small
+    policy = copy.deepcopy(model)
+    reference = copy.deepcopy(model)
+    with torch.no_grad():  # a reference that differs from the policy, so the KL is not zero
+        for p in reference.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    config = Config()
+    config.rl.kl.coef = 0.05
+    config.rl.length_penalty.coef = 0.0
+    trainer = Trainer(policy, tokenizer, config, reference=reference)
+    rng = np.random.default_rng(2)
+    task = Task(id="t", instruction="x", repo=Path("."))
+    groups = [Group(task, [episode(rng, 1.0), episode(rng, 0.0), episode(rng, 0.0, EpisodeStatus.INFRA_ERROR)]),
+              Group(task, [episode(rng, 1.0), episode(rng, 1.0, EpisodeStatus.INFRA_ERROR)])]
+    scored = trainer.score(groups)
+    # independent KL: coef · Σ_t (sampler logprob − reference logprob) over each episode's model tokens
+    for group in groups[:1]:
+        for ep in group.episodes[:2]:
+            row = episode_rows([ep])[0]
+            with torch.no_grad():
+                logits = reference(input_ids=torch.from_numpy(row.input_ids)[None]).logits[0].double()
+            ref = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(row.target_ids)[:, None])[:, 0].numpy()
+            expected_kl = 0.05 * float(np.sum((row.sampler_logprobs.astype(np.float64) - ref)[row.loss_mask]))
+            assert ep.reward_terms["kl_penalty"] == pytest.approx(-expected_kl, abs=1e-5)
+            assert ep.reward == pytest.approx(sum(ep.reward_terms.values()), abs=1e-12)
+    first = groups[0].episodes
+    mean = (first[0].reward + first[1].reward) / 2
+    assert groups[0].advantages[:2] == pytest.approx([first[0].reward - mean, first[1].reward - mean], abs=1e-12)
+    assert np.isnan(groups[0].advantages[2])  # infrastructure failure: no advantage, not in the loss
+    assert all(np.isnan(a) for a in groups[1].advantages)  # one scored episode left: group dropped
+    assert scored.metrics["groups_dropped"] == 1.0 and scored.metrics["episodes_infra_error"] == 2.0
+    assert sorted({row.episode for row in scored.rows}) == [0, 1]
+    assert groups[1].episodes[0].reward_terms["resolved"] == 1.0  # scored, yet out of the loss
+
+
+def test_publish_pushes_the_weights_into_the_engine_with_a_version(small):
+    from opencomposer.inference.local import LocalEngine
+
+    model, tokenizer = small
+    policy = copy.deepcopy(model)
+    engine = LocalEngine(copy.deepcopy(model), tokenizer)
+    config = Config()
+    config.rl.kl.reference = "none"
+    config.rl.kl.coef = 0.0
+    trainer = Trainer(policy, tokenizer, config)
+    with torch.no_grad():
+        next(policy.parameters()).add_(1.0)
+    trainer.publish(engine, version=7)
+    assert engine.policy_version == 7
+    for (name, a), (_, b) in zip(policy.state_dict().items(), engine.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
