@@ -173,3 +173,11 @@ def test_tool_schemas_are_openai_function_specs():
     assert schemas["read_file"]["parameters"]["required"] == ["path"]
     assert schemas["run"]["parameters"]["properties"]["timeout_s"]["type"] == "number"
     assert json.loads(json.dumps(tool_schemas())) == tool_schemas()
+
+
+def test_think_marker_inside_a_call_argument_is_not_thinking():
+    """A ``<think>`` inside a call's JSON is data; the calls after it still count (found by fuzzing)."""
+    text = format_tool_call("write_file", {"path": "a.md", "content": "<think>"}) + format_tool_call("finish", {})
+    assert [c.name for c in parse_tool_calls(text)] == ["write_file", "finish"]
+    thought = "<think>" + format_tool_call("run", {"command": "ls"}) + "</think>" + format_tool_call("finish", {})
+    assert [c.name for c in parse_tool_calls(thought)] == ["finish"]

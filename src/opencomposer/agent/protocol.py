@@ -79,14 +79,10 @@ class ParsedTurn:
     error: str | None = None
 
 
-def _think_regions(text: str) -> list[tuple[int, int]]:
-    regions, pos = [], 0
-    while (start := text.find(THINK_OPEN, pos)) != -1:
-        end = text.find(THINK_CLOSE, start + len(THINK_OPEN))
-        end = len(text) if end == -1 else end + len(THINK_CLOSE)
-        regions.append((start, end))
-        pos = end
-    return regions
+def _think_end(text: str, start: int) -> int:
+    """End of the ``<think>`` block opened at ``start`` (the text's end when it is never closed)."""
+    end = text.find(THINK_CLOSE, start + len(THINK_OPEN))
+    return len(text) if end == -1 else end + len(THINK_CLOSE)
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -99,7 +95,6 @@ def parse_turn(text: str, turn_index: int = 0) -> ParsedTurn:
     """Find the tool calls in a model turn. Never raises; problems go to ``ParsedTurn.error``."""
     parsed = ParsedTurn()
     problems: list[str] = []
-    regions = _think_regions(text)
     decoder = json.JSONDecoder()
     pos = 0
     number = 0
@@ -109,9 +104,9 @@ def parse_turn(text: str, turn_index: int = 0) -> ParsedTurn:
         first = min((x for x in (opened, closed) if x != -1), default=-1)
         if first == -1:
             break
-        thinking = next((end for start, end in regions if start <= first < end), None)
-        if thinking is not None:  # markers inside <think> are thoughts, not calls
-            pos = thinking
+        think = text.find(THINK_OPEN, pos)
+        if think != -1 and think < first:  # markers inside <think> are thoughts, not calls
+            pos = _think_end(text, think)
             continue
         if first == closed:
             problems.append(f"a {TOOL_CALL_CLOSE} has no matching {TOOL_CALL_OPEN}")
