@@ -101,7 +101,7 @@ def test_samples_follow_the_truncated_distribution(tiny_moe):
     counts = {t: sum(o.token_ids[0] == t for o in out) for t in top.indices.tolist()}
     assert sum(counts.values()) == 400  # nothing outside the top 3
     expected = top.values / top.values.sum()
-    for (token, count), p in zip(counts.items(), expected.tolist()):
+    for (_token, count), p in zip(counts.items(), expected.tolist()):
         assert abs(count / 400 - p) < 4 * (p * (1 - p) / 400) ** 0.5 + 0.01
 
 

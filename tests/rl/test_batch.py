@@ -8,12 +8,12 @@ import torch
 from opencomposer.rl.batch import collate, episode_index, episode_rows, micro_batches, segment_arrays
 from opencomposer.types import Episode, EpisodeStatus, Segment, TokenKind, Turn
 
-T, C, O = TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.TOOL_OUTPUT
+T, C, OUT = TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.TOOL_OUTPUT
 
 
 def turn(ids, logprobs, observation=()):
     return Turn(token_ids=list(ids), logprobs=list(logprobs), token_kinds=[C] * len(ids),
-                observation_ids=list(observation), observation_kinds=[O] * len(observation))
+                observation_ids=list(observation), observation_kinds=[OUT] * len(observation))
 
 
 def summary_chain_episode() -> Episode:

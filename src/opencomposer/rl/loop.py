@@ -162,8 +162,6 @@ class RLRun:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> RLSummary:
-        from opencomposer.pretrain.cpt import _progress
-
         started = time.perf_counter()
         try:
             with self._bar() as bar:
