@@ -41,7 +41,7 @@ class TokenKind(enum.IntEnum):
 MODEL_KINDS = frozenset({TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.FINAL_MESSAGE, TokenKind.SUMMARY})
 
 
-class EpisodeStatus(str, enum.Enum):  # noqa: UP042 (str() stays the member name, as logs expect)
+class EpisodeStatus(str, enum.Enum):  # noqa: UP042 (str mix-in: members serialise to JSON as their values)
     """How a rollout ended. Only OK and TIMEOUT episodes are scored; INFRA_ERROR episodes are
     excluded from group means and from the loss, never counted as a zero reward."""
 
