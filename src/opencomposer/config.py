@@ -488,7 +488,11 @@ class RLConfig:
     group_size: int = 8
     """G: rollouts per task, fixed (report §4.1); the advantage baseline is the group mean."""
     lr: float = 1e-6
-    """Adam learning rate, constant (the report gives no schedule)."""
+    """Adam learning rate, constant after the warm-up (the report gives no schedule)."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up of the learning rate over the first N optimizer steps (0: none). Adam's first
+    updates move every parameter by about ``lr`` whatever its gradient, which can wreck a small
+    policy; a warm-up lets the second-moment estimates settle first."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """Adam's β1, β2 (report: "Adam"; these are Adam's paper values)."""
     adam_eps: float = 1e-8
@@ -528,7 +532,7 @@ class RLConfig:
     def validate(self) -> None:
         for section in (self.advantage, self.kl, self.length_penalty, self.reward, self.loss):
             section.validate()
-        for name in ("steps", "eval_every"):
+        for name in ("steps", "eval_every", "lr_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"rl.{name}: must be >= 0, got {getattr(self, name)}")
         for name in ("batch_tasks", "eval_tasks", "eval_samples", "checkpoint_every", "keep_checkpoints"):

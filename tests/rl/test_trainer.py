@@ -155,3 +155,16 @@ def test_publish_pushes_the_weights_into_the_engine_with_a_version(small):
     assert engine.policy_version == 7
     for (name, a), (_, b) in zip(policy.state_dict().items(), engine.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_learning_rate_warms_up_linearly_then_stays_constant(tiny_moe):
+    from opencomposer.config import Config
+    from opencomposer.rl.trainer import Trainer
+
+    model, tokenizer = tiny_moe
+    config = Config()
+    config.rl.lr, config.rl.lr_warmup_steps, config.rl.kl.reference = 1e-3, 4, "none"
+    trainer = Trainer(model, tokenizer, config)
+    assert [trainer.learning_rate(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    config.rl.lr_warmup_steps = 0
+    assert trainer.learning_rate(0) == 1e-3

@@ -213,7 +213,7 @@ class RLRun:
                             seeds=seeds, workers=rl.rollout_workers)
         rollout_s = time.perf_counter() - started
         scored = self.trainer.score(groups)
-        loss, train_metrics = self.trainer.train(scored)
+        loss, train_metrics = self.trainer.train(scored, step=state.step)
         state.step += 1
         state.cursor += rl.batch_tasks
         state.trained += [{"index": i, "task_id": t.id, "step": state.step} for i, t in zip(indices, tasks, strict=True)]

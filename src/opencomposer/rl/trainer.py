@@ -143,17 +143,26 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------------------------------
-    def train(self, scored: ScoredStep) -> tuple[float, dict[str, float]]:
-        """One optimizer step on the scored rows. A step without gradient (no rows, or every
-        advantage zero and no KL term in the loss) skips the forward and the update: Adam would
-        otherwise keep moving the weights on momentum alone."""
+    def learning_rate(self, step: int) -> float:
+        """``rl.lr`` after a linear warm-up over ``rl.lr_warmup_steps`` optimizer steps (step 0 is the first)."""
+        warmup = self.rl.lr_warmup_steps
+        return self.rl.lr if warmup == 0 else self.rl.lr * min(1.0, (step + 1) / warmup)
+
+    def train(self, scored: ScoredStep, step: int = 0) -> tuple[float, dict[str, float]]:
+        """Optimizer step number ``step`` on the scored rows. A step without gradient (no rows, or
+        every advantage zero and no KL term in the loss) skips the forward and the update: Adam
+        would otherwise keep moving the weights on momentum alone."""
         kl_in_loss = self.rl.kl.placement == "loss" and self.rl.kl.coef > 0
         if not scored.rows or (not kl_in_loss and all(row.advantage == 0.0 for row in scored.rows)):
             return 0.0, {"tokens": float(sum(row.model_tokens for row in scored.rows)), "grad_norm": 0.0,
                          "micro_batches": 0.0, "skipped": 1.0}
         batches = [collate(chunk, self.pad_id) for chunk in micro_batches(scored.rows, self.rl.micro_batch_tokens)]
+        lr = self.learning_rate(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         loss, metrics = train_step(self.model, self.optimizer, batches, self.rl)
         metrics["skipped"] = 0.0
+        metrics["lr"] = lr
         return loss, metrics
 
     def publish(self, engine: Any, version: int) -> None:

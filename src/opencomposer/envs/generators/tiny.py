@@ -11,8 +11,8 @@ Two families:
 - ``tiny``: the word and the file are always ``node`` and ``out.txt``; only the phrasing of the
   request changes (twelve phrasings; the ``heldout`` split uses three that training never shows).
   What a model has to learn is the harness's tool-call turn, token for token, and to keep doing it
-  whatever the phrasing. A randomly initialised tiny MoE learns it in about a hundred SFT steps,
-  which is what the CPU learning test (tests/rl/test_learning.py) needs.
+  whatever the phrasing. A randomly initialised tiny MoE learns it in 145-160 SFT steps of 16
+  episodes (recipes/rl-tiny.toml; docs/LOG.md has what RL then does with it).
 - ``tiny-words``: sixteen words × four files × three phrasings; the splits are disjoint
   combinations. Here the model must copy the word and the file name out of the instruction. We
   measured that a randomly initialised tiny MoE does not learn that copy in minutes behind the
