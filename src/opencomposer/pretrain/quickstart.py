@@ -1,14 +1,23 @@
 """``opencomposer quickstart``: the pipeline on a tiny MoE on CPU, in minutes.
 
-Today it runs the first stage end to end: gather the code corpus, train the tokenizer, pretrain the
-tiny Qwen3-MoE with a progress bar while the loss falls, show sampled completions from the
-in-process sampler, and save a checkpoint that plain transformers loads. Later stages (SFT, RL,
-evaluation, report) attach here as they land.
+The stages, each with a progress bar, all under ``{run.out_dir}/{run.name}`` (``runs/quickstart``):
+
+1. **pretrain**: gather the code corpus, train the tokenizer, pretrain the tiny Qwen3-MoE while the
+   loss falls, show sampled completions, save ``checkpoint/`` (plain transformers loads it);
+2. **sft**: the oracle plays the recipe's task family in the real harness and the pretrained model
+   learns its turns (``sft/``), so that it solves the tasks some of the time;
+3. **rl**: the synchronous RL loop in the harness, from the SFT checkpoint, evaluating the held-out
+   split before, during and after (``rl/``; a rerun starts this stage afresh);
+4. **report**: the RL curves as PNG (``rl/report.png``) and the held-out pass rate before and after.
+
+Stages 2-4 run when the recipe names a task family (``sft.task_family``) and ``rl.steps > 0``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import shutil
 import time
 from pathlib import Path
 
@@ -51,8 +60,50 @@ def main(args: argparse.Namespace) -> int:
         f"\ncheckpoint: {checkpoint}\nmetrics:    {run_dir / 'metrics.jsonl'}\n"
         f"plot:       {run_dir / 'loss.png'}\nrecipe:     {run_dir / 'recipe.toml'}"
     )
+    ok = falling
+    if config.sft.task_family and config.rl.steps > 0:
+        ok = _sft_rl_report(config, Path(checkpoint), console) and ok
     console.print(f"done in {time.perf_counter() - started:.0f} s")
-    return 0 if falling else 1
+    return 0 if ok else 1
+
+
+def stage_configs(config: Config, checkpoint: Path) -> tuple[Config, Config]:
+    """The SFT and RL recipes of stages 2 and 3, derived from the quickstart recipe: SFT fine-tunes
+    the pretrained ``checkpoint`` into ``{run}/sft``; RL starts from there and runs in ``{run}/rl``."""
+    run_dir = config.run.path
+    sft = copy.deepcopy(config)
+    sft.sft.init, sft.sft.out = str(checkpoint), str(run_dir / "sft")
+    rl = copy.deepcopy(config)
+    rl.model.kind, rl.model.path = "hf", str(run_dir / "sft")
+    rl.run.out_dir, rl.run.name = str(run_dir), "rl"
+    if not rl.rl.task_family:
+        rl.rl.task_family = config.sft.task_family
+    return sft, rl
+
+
+def _sft_rl_report(config: Config, checkpoint: Path, console) -> bool:
+    from opencomposer.pretrain.sft import run_sft
+    from opencomposer.rl.loop import run_rl
+    from opencomposer.rl.report import draw_report
+
+    sft_config, rl_config = stage_configs(config, checkpoint)
+    console.rule(f"[bold]SFT on oracle episodes of the {config.sft.task_family!r} task family")
+    _, _, result, sft_out = run_sft(sft_config)
+    console.print(f"{result.steps} steps on {result.demonstrations} demonstrations, loss {result.first_loss:.3f} → "
+                  f"{result.last_loss:.3f}, {result.seconds:.0f} s; checkpoint: {sft_out}")
+    console.rule(f"[bold]RL: {rl_config.rl.steps} steps × {rl_config.rl.batch_tasks} tasks × "
+                 f"{rl_config.rl.group_size} rollouts in the sandboxed harness")
+    shutil.rmtree(rl_config.run.path, ignore_errors=True)  # a rerun of the demo starts RL afresh
+    summary = run_rl(rl_config)
+    paths = draw_report(summary.run_dir)
+    first, last = summary.first_eval, summary.last_eval
+    if first and last:
+        k = int(last["k"])
+        console.print(f"held-out pass@1 {first['pass_at_1']:.3f} → {last['pass_at_1']:.3f}, best-of-{k} "
+                      f"{first['best_of_k']:.3f} → {last['best_of_k']:.3f}, mean reward "
+                      f"{first['mean_reward']:.3f} → {last['mean_reward']:.3f} ({summary.seconds:.0f} s)")
+    console.print(f"RL run:  {summary.run_dir}\nreport:  {paths[-1]}\nmodel:   {summary.run_dir / 'checkpoints'}")
+    return True
 
 
 def _pretrain(config: Config, console):

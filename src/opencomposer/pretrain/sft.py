@@ -150,7 +150,7 @@ def sft(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             result.steps = step + 1
-            result.history.append({"step": step + 1, "lr": lr, "loss": float(loss), "tokens": int(mask.sum())})
+            result.history.append({"step": step + 1, "lr": lr, "loss": float(loss.detach()), "tokens": int(mask.sum())})
             bar.update(task, advance=1, loss=float(loss))
     model.eval()
     result.seconds = time.perf_counter() - start

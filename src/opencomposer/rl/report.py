@@ -83,7 +83,7 @@ def draw_report(run_dir: Path) -> list[Path]:
         written.append(path)
     for index in range(len(panels), rows_count * columns):
         axes[index // columns][index % columns].axis("off")
-    combined.suptitle(f"RL run {run_dir.name}")
+    combined.suptitle(f"RL run {run_dir.resolve().parent.name}/{run_dir.name}")
     combined.tight_layout()
     path = run_dir / "report.png"
     combined.savefig(path, dpi=100)
