@@ -2,9 +2,11 @@
 
 Workload (issue 2): 4 prompts x 8 samples x 128 new tokens, temperature 1, no truncation, EOS
 ignored so both sides produce exactly the same number of tokens. Models: the tiny MoE and
-SmolLM2-135M-Instruct. Reports tokens/s for both and the ratio (ours / theirs); median of repeats.
+SmolLM2-135M-Instruct. Two prompt sets: ``chat`` (a bare user request, 30-45 tokens) and ``agent``
+(the same requests inside the agent harness's first prompt: system prompt and tool list, as every
+RL rollout starts). Reports tokens/s for both and the ratio (ours / theirs); median of repeats.
 
-    python benchmarks/sampler.py [--repeats 3] [--models tiny_moe,smollm2]
+    python benchmarks/sampler.py [--repeats 3] [--models tiny_moe,smollm2] [--prompts chat,agent] [--threads N]
 """
 
 from __future__ import annotations
@@ -50,11 +52,22 @@ def theirs(model, tokenizer, prompts: list[list[int]], seed: int, pad_id: int) -
     return (out.shape[1] - width) * out.shape[0]
 
 
-def bench(kind: str, repeats: int) -> dict:
+def prompt_ids(tokenizer, style: str) -> list[list[int]]:
+    if style == "chat":
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                               tokenize=False) for p in PROMPTS]
+    else:
+        from opencomposer.agent.protocol import initial_messages, message_dicts
+        from opencomposer.agent.tools import tool_schemas
+
+        texts = [tokenizer.apply_chat_template(message_dicts(initial_messages(p)), tools=tool_schemas(),
+                                               add_generation_prompt=True, tokenize=False) for p in PROMPTS]
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+def bench(kind: str, style: str, repeats: int) -> dict:
     model, tokenizer = load_model(kind)
-    chat = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                          tokenize=False) for p in PROMPTS]
-    prompts = [tokenizer.encode(t) for t in chat]
+    prompts = prompt_ids(tokenizer, style)
     engine = LocalEngine(model, tokenizer)
     rows = {"ours": [], "transformers": []}
     with torch.inference_mode():
@@ -70,6 +83,8 @@ def bench(kind: str, repeats: int) -> dict:
     result = {name: statistics.median(v) for name, v in rows.items()}
     result["ratio"] = result["ours"] / result["transformers"]
     result["model"] = kind
+    result["prompts"] = style
+    result["prompt_tokens"] = [len(p) for p in prompts]
     result["tokens_per_run"] = PROMPTS_PER_RUN * SAMPLES * NEW_TOKENS
     return result
 
@@ -78,12 +93,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="tiny_moe,smollm2")
+    parser.add_argument("--prompts", default="chat,agent")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0: torch default)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler.json"))
     args = parser.parse_args()
-    results = [bench(kind, args.repeats) for kind in args.models.split(",")]
-    print(f"{'model':<10} {'LocalEngine tok/s':>18} {'generate tok/s':>15} {'ratio':>7}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = [bench(kind, style, args.repeats) for kind in args.models.split(",")
+               for style in args.prompts.split(",")]
+    print(f"{'model':<10} {'prompts':<8} {'prompt tokens':>14} {'LocalEngine tok/s':>18} {'generate tok/s':>15} {'ratio':>7}")
     for r in results:
-        print(f"{r['model']:<10} {r['ours']:>18.1f} {r['transformers']:>15.1f} {r['ratio']:>6.2f}x")
+        span = f"{min(r['prompt_tokens'])}-{max(r['prompt_tokens'])}"
+        print(f"{r['model']:<10} {r['prompts']:<8} {span:>14} {r['ours']:>18.1f} {r['transformers']:>15.1f} "
+              f"{r['ratio']:>6.2f}x")
     Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=2))
 
 
