@@ -40,5 +40,6 @@ def test_quickstart_runs_every_stage_and_leaves_its_outputs(tmp_path, capsys):
     rows = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1), ("eval", 1)]
     assert all(r["episodes_infra_error"] == 0 for r in rows if r["kind"] == "eval")
+    assert rows[1]["engine_rows"] == 2 and rows[1]["groups"] == 1  # one task, two rollouts, batched
     out = capsys.readouterr().out
     assert "held-out pass@1" in out and "report:" in out

@@ -58,6 +58,16 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     episodes = [json.loads(line) for line in (run_dir / "rollouts" / "step-000003.jsonl").read_text().splitlines()]
     assert {v for e in episodes for v in e["policy_versions"]} == {2}
 
+    # a torn last line (a kill mid-write) is dropped on resume; a changed task stream is refused
+    with (run_dir / "metrics.jsonl").open("a") as log:
+        log.write('{"step": 3, "kind": "tra')
+    from opencomposer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="task stream changed"):
+        run_rl(load_recipe(None, [*overrides, "rl.steps=4", "run.seed=1"]), progress=False)
+    with pytest.raises(ConfigError, match="task stream changed"):
+        run_rl(load_recipe(None, [*overrides, "rl.steps=4", "rl.batch_tasks=1"]), progress=False)
+
     paths = draw_report(run_dir)
     names = sorted(p.name for p in paths)
     assert "report.png" in names and {"reward.png", "pass_rate.png", "loss.png", "kl.png", "entropy.png",

@@ -60,11 +60,10 @@ def main(args: argparse.Namespace) -> int:
         f"\ncheckpoint: {checkpoint}\nmetrics:    {run_dir / 'metrics.jsonl'}\n"
         f"plot:       {run_dir / 'loss.png'}\nrecipe:     {run_dir / 'recipe.toml'}"
     )
-    ok = falling
     if config.sft.task_family and config.rl.steps > 0:
-        ok = _sft_rl_report(config, Path(checkpoint), console) and ok
+        _sft_rl_report(config, Path(checkpoint), console)
     console.print(f"done in {time.perf_counter() - started:.0f} s")
-    return 0 if ok else 1
+    return 0 if falling else 1
 
 
 def stage_configs(config: Config, checkpoint: Path) -> tuple[Config, Config]:
@@ -81,7 +80,7 @@ def stage_configs(config: Config, checkpoint: Path) -> tuple[Config, Config]:
     return sft, rl
 
 
-def _sft_rl_report(config: Config, checkpoint: Path, console) -> bool:
+def _sft_rl_report(config: Config, checkpoint: Path, console) -> None:
     from opencomposer.pretrain.sft import run_sft
     from opencomposer.rl.loop import run_rl
     from opencomposer.rl.report import draw_report
@@ -103,7 +102,6 @@ def _sft_rl_report(config: Config, checkpoint: Path, console) -> bool:
                       f"{first['best_of_k']:.3f} → {last['best_of_k']:.3f}, mean reward "
                       f"{first['mean_reward']:.3f} → {last['mean_reward']:.3f} ({summary.seconds:.0f} s)")
     console.print(f"RL run:  {summary.run_dir}\nreport:  {paths[-1]}\nmodel:   {summary.run_dir / 'checkpoints'}")
-    return True
 
 
 def _pretrain(config: Config, console):

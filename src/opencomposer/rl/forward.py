@@ -67,8 +67,15 @@ def token_logprobs(
     with_entropy: bool = True,
     bf16: bool = False,
     share_prefix: bool = True,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [rows, seq] (differentiable), [rows, seq] or None
-    """log π(target_t) at every position, and the entropy of π there (detached, when asked)."""
+    """log π(target_t) at every position, and the entropy of π there (detached, when asked).
+
+    π is the distribution the sampler draws from before any top-p/top-k cut: the model's logits
+    divided by ``temperature`` (the sampler records its logprobs the same way), so at step 0 the
+    trainer's log π equals the sampler's logprobs whatever the sampling temperature."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     position_ids = batch.position_ids.to(device)
@@ -86,14 +93,16 @@ def token_logprobs(
                         use_cache=True, logits_to_keep=seq - start)
         else:
             out = model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=seq - start)
-    logprobs, entropy = token_logprobs_and_entropy(out.logits, target_ids[:, start:])  # [rows, seq - start]
+    logits = out.logits if temperature == 1.0 else out.logits / temperature
+    logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, start:])  # [rows, seq - start]
     full_logprobs = torch.nn.functional.pad(logprobs, (start, 0))
     full_entropy = torch.nn.functional.pad(entropy, (start, 0)) if with_entropy else None
     return full_logprobs, full_entropy
 
 
 @torch.no_grad()
-def reference_logprobs(model: torch.nn.Module, batch: TrainBatch, bf16: bool = False) -> torch.Tensor:
+def reference_logprobs(model: torch.nn.Module, batch: TrainBatch, bf16: bool = False,
+                       temperature: float = 1.0) -> torch.Tensor:
     """log π_ref(target) on ``batch`` (no graph), ``[rows, seq]`` float32 on the CPU."""
-    logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=bf16)
+    logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=bf16, temperature=temperature)
     return logprobs.float().cpu()

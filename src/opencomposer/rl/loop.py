@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from opencomposer.config import Config, ModelConfig, load_recipe, to_toml
+from opencomposer.config import Config, ConfigError, ModelConfig, load_recipe, to_toml
 from opencomposer.rl.checkpoint import (
     RunState,
     atomic_directory,
@@ -46,6 +46,14 @@ from opencomposer.rl.checkpoint import (
 from opencomposer.types import Group
 
 
+def _parsed_step(line: str) -> int | None:
+    """The step of a ``metrics.jsonl`` line; None for a blank or torn line (a kill mid-write)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class MetricsLog:
     """``metrics.jsonl`` plus TensorBoard events; on resume both are cut back to ``resume_step``."""
 
@@ -56,7 +64,7 @@ class MetricsLog:
         kept = []
         if resume_step is not None and self.path.is_file():
             kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+                    if _parsed_step(line) is not None and _parsed_step(line) <= resume_step]
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         purge = None if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
@@ -118,7 +126,6 @@ class RLRun:
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
         remove_partial(self.run_dir)
-        atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
         self.stream = TaskStream(config, self.run_dir)
         self.stream.check_length(self.rl.steps * self.rl.batch_tasks)
         self.heldout = heldout_tasks(config, self.run_dir) if self.rl.eval_every else []
@@ -138,6 +145,8 @@ class RLRun:
         if checkpoint is not None:
             self.state, trainer_state = load_training_checkpoint(checkpoint)
             self.trainer.load_state_dict(trainer_state)
+            self._check_stream_matches_record(checkpoint)
+        atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
         from opencomposer.inference.batching import BatchingEngine
         from opencomposer.inference.local import LocalEngine
 
@@ -145,6 +154,27 @@ class RLRun:
         self.batcher = BatchingEngine(engine)
         self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None)
         self.evaluations = self._logged_evaluations() if checkpoint else []
+
+    def _check_stream_matches_record(self, checkpoint: Path) -> None:
+        """Refuse to resume when the recipe now yields another task stream than the one the
+        checkpoint's record was trained on (a changed seed, batch size or task folder would
+        otherwise break exactly-once silently)."""
+        state, batch = self.state, self.rl.batch_tasks
+        problem = None
+        if state.cursor != state.step * batch:
+            problem = f"its stream position {state.cursor} is not step {state.step} × rl.batch_tasks {batch}"
+        else:
+            for record in state.trained:
+                task_id = self.stream.task(record["index"]).id
+                if task_id != record["task_id"]:
+                    problem = (f"stream position {record['index']} held task {record['task_id']!r} then and "
+                               f"holds {task_id!r} now")
+                    break
+        if problem:
+            raise ConfigError(
+                f"cannot resume {checkpoint}: {problem}. The recipe's task stream changed (run.seed, "
+                "rl.batch_tasks, rl.train_tasks or rl.task_family); restore it, or start a new run folder"
+            )
 
     def _initial_policy(self) -> Path:
         """``{run}/initial``: the policy RL starts from (and the KL reference), saved once."""
@@ -213,7 +243,7 @@ class RLRun:
                             seeds=seeds, workers=rl.rollout_workers)
         rollout_s = time.perf_counter() - started
         scored = self.trainer.score(groups)
-        loss, train_metrics = self.trainer.train(scored, step=state.step)
+        loss, train_metrics = self.trainer.train(scored)
         state.step += 1
         state.cursor += rl.batch_tasks
         state.trained += [{"index": i, "task_id": t.id, "step": state.step} for i, t in zip(indices, tasks, strict=True)]

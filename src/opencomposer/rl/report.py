@@ -31,7 +31,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; is {run_dir} an `opencomposer rl` run folder?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # blank, or torn by a kill mid-write (a resume drops it)
+            continue
+    return rows
 
 
 def series(rows: list[dict], kind: str, metric: str) -> tuple[list[int], list[float]]:

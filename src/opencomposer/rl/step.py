@@ -3,7 +3,8 @@
 Report §4.1 (RECIPE.md §4): single epoch (each batch of rollouts is used for exactly one step),
 **Adam, full-parameter updates**. Our Adam is ``torch.optim.Adam`` with β = (0.9, 0.999),
 ε = 1e-8 and no weight decay by default (the report names Adam and nothing else; these are
-Adam's paper values), all in ``rl.adam_betas`` / ``rl.adam_eps``; the learning rate is constant.
+Adam's paper values), all in ``rl.adam_betas`` / ``rl.adam_eps``; the learning rate is constant
+after an optional linear warm-up (``rl.lr_warmup_steps``, set by the trainer).
 
 Gradients of the micro-batches add up before the step. That is exact for the composer loss (its
 normaliser is a constant) and, because we pass the step's token and sequence counts to
@@ -65,6 +66,7 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     batches: list[TrainBatch],
     config: RLConfig,
+    temperature: float = 1.0,
 ) -> tuple[float, dict[str, float]]:
     """Accumulate the loss's gradient over ``batches`` (the step's micro-batches), clip, step."""
     device = next(model.parameters()).device
@@ -76,7 +78,7 @@ def train_step(
     totals: dict[str, float] = {}
     for batch in batches:
         batch = batch_to(batch, device)
-        logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16)
+        logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature)
         inputs = dataclasses.replace(
             LossInputs.from_batch(batch, logprobs, entropy), num_tokens=num_tokens, num_sequences=num_sequences
         )

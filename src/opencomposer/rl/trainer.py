@@ -66,6 +66,9 @@ class Trainer:
         if self.rl.kl.reference == "initial" and reference is None:
             self.reference = frozen_copy(model)
         self.optimizer = make_optimizer(model, self.rl)
+        self.updates = 0  # optimizer steps applied (skipped steps do not count); drives the warm-up
+        # π is scored at the sampling temperature, as the sampler scores it (rl.forward.token_logprobs)
+        self.temperature = config.sampling.temperature if config.sampling.temperature > 0 else 1.0
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
 
@@ -109,7 +112,7 @@ class Trainer:
     def _reference_pass(self, rows: list[SequenceRow]) -> None:
         for chunk in micro_batches(rows, self.rl.micro_batch_tokens):
             batch = collate(chunk, self.pad_id)
-            logprobs = reference_logprobs(self.reference, batch, bf16=self.rl.bf16)
+            logprobs = reference_logprobs(self.reference, batch, bf16=self.rl.bf16, temperature=self.temperature)
             for r, row in enumerate(chunk):
                 row.ref_logprobs = logprobs[r, : len(row)].numpy()
 
@@ -143,24 +146,26 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------------------------------
-    def learning_rate(self, step: int) -> float:
-        """``rl.lr`` after a linear warm-up over ``rl.lr_warmup_steps`` optimizer steps (step 0 is the first)."""
+    def learning_rate(self, update: int) -> float:
+        """``rl.lr`` after a linear warm-up over the first ``rl.lr_warmup_steps`` applied updates
+        (``update`` 0 is the first)."""
         warmup = self.rl.lr_warmup_steps
-        return self.rl.lr if warmup == 0 else self.rl.lr * min(1.0, (step + 1) / warmup)
+        return self.rl.lr if warmup == 0 else self.rl.lr * min(1.0, (update + 1) / warmup)
 
-    def train(self, scored: ScoredStep, step: int = 0) -> tuple[float, dict[str, float]]:
-        """Optimizer step number ``step`` on the scored rows. A step without gradient (no rows, or
-        every advantage zero and no KL term in the loss) skips the forward and the update: Adam
-        would otherwise keep moving the weights on momentum alone."""
+    def train(self, scored: ScoredStep) -> tuple[float, dict[str, float]]:
+        """One optimizer step on the scored rows. A step without gradient (no rows, or every
+        advantage zero and no KL term in the loss) skips the forward and the update: Adam would
+        otherwise keep moving the weights on momentum alone (and the warm-up does not advance)."""
         kl_in_loss = self.rl.kl.placement == "loss" and self.rl.kl.coef > 0
         if not scored.rows or (not kl_in_loss and all(row.advantage == 0.0 for row in scored.rows)):
             return 0.0, {"tokens": float(sum(row.model_tokens for row in scored.rows)), "grad_norm": 0.0,
                          "micro_batches": 0.0, "skipped": 1.0}
         batches = [collate(chunk, self.pad_id) for chunk in micro_batches(scored.rows, self.rl.micro_batch_tokens)]
-        lr = self.learning_rate(step)
+        lr = self.learning_rate(self.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss, metrics = train_step(self.model, self.optimizer, batches, self.rl)
+        loss, metrics = train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature)
+        self.updates += 1
         metrics["skipped"] = 0.0
         metrics["lr"] = lr
         return loss, metrics
@@ -171,7 +176,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state.get("updates", 0))

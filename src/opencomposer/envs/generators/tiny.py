@@ -123,7 +123,7 @@ class TinySpec:
 
     @property
     def task_id(self) -> str:
-        return f"{self.family}-{self.split}-{self.index:05d}-{self.word}"
+        return f"{self.family}-{self.split}-{self.index:05d}-{self.word}-p{self.phrasing:02d}"
 
     @property
     def instruction(self) -> str:
