@@ -336,10 +336,12 @@ class Sandbox:
             argv += ["--ro-bind-try", path, path]
         for name in ("passwd", "group", "hosts"):
             argv += ["--ro-bind", str(self._etc / name), f"/etc/{name}"]
+        # the private /tmp first: an interpreter or extra bind that lives under the host's /tmp
+        # (a virtual environment in a temporary clone) is then bound on top of it, not hidden by it
+        argv += ["--size", str(self.config.tmp_size_mb << 20), "--tmpfs", "/tmp"]
         for path in _python_roots() + list(self.config.ro_binds):
             argv += ["--ro-bind-try", path, path]
         argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--size", str(self.config.tmp_size_mb << 20), "--tmpfs", "/tmp",
                  "--bind", str(self.workspace), self.workdir, "--remount-ro", "/",
                  "--chdir", self.workdir, "--clearenv"]
         for key, value in self._environment(extra_env).items():

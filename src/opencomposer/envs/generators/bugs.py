@@ -47,6 +47,7 @@ from opencomposer.envs.generators.edits import (
     apply_edits,
     function_of,
     humanize,
+    parse,
     remove_statement,
     strip_tests,
 )
@@ -243,7 +244,7 @@ def apply_mutations(tree: Tree, mutations: list[Mutation]) -> Tree:
     for path, edits in by_file.items():
         text = apply_edits(tree[path].decode("utf-8"), edits)
         try:
-            ast.parse(text)
+            parse(text)
         except SyntaxError as e:
             raise Rejected(f"{path}: the mutation does not parse ({e.msg}, line {e.lineno})") from None
         changed[path] = text.encode("utf-8")

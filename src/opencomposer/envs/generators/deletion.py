@@ -38,6 +38,7 @@ from opencomposer.envs.generators.edits import (
     apply_edits,
     first_line,
     mentioning,
+    parse,
     prune_import,
     prune_unused_imports,
     remove_statement,
@@ -362,7 +363,7 @@ def visible_tests(tests: Tree, fail_to_pass: list[str], deleted: frozenset[str])
     for path, data in tests.items():
         if not path.endswith(".py"):
             continue
-        tree = ast.parse(data.decode("utf-8"))
+        tree = parse(data.decode("utf-8"))
         imported = {(a.asname or a.name) for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
         if imported & deleted:
             remove[path] = mentioning(data.decode("utf-8"), deleted)

@@ -15,8 +15,26 @@ from __future__ import annotations
 import ast
 import io
 import re
+import threading
 import tokenize
 from dataclasses import dataclass
+
+# CPython 3.11 keeps the AST converter's recursion counter in interpreter-wide state, so two
+# threads parsing at once can fail with "SystemError: AST constructor recursion depth mismatch".
+# Generators run task indices in threads; every parse goes through this lock.
+_AST_LOCK = threading.Lock()
+
+
+def parse(text: str) -> ast.Module:
+    """``ast.parse``, safe to call from several threads."""
+    with _AST_LOCK:
+        return ast.parse(text)
+
+
+def literal_eval(text: str):
+    """``ast.literal_eval`` of source text, safe to call from several threads."""
+    with _AST_LOCK:
+        return ast.literal_eval(text)
 
 
 @dataclass(frozen=True)
@@ -33,7 +51,7 @@ class Source:
 
     def __init__(self, text: str):
         self.text = text
-        self.tree = ast.parse(text)
+        self.tree = parse(text)
         self.lines = text.splitlines(keepends=True)
         self._starts = [0]
         for line in self.lines:
@@ -160,7 +178,7 @@ def strip_tests(text: str, remove: set[str], unimport: frozenset[str] = frozense
     if remaining == 0:
         return None
     stripped = apply_edits(text, edits)
-    if unimport and names_used(ast.parse(stripped)) & unimport:
+    if unimport and names_used(parse(stripped)) & unimport:
         return None
     return prune_unused_imports(text, stripped)
 
@@ -173,7 +191,7 @@ def _imported_names(tree: ast.Module) -> set[str]:
 def prune_unused_imports(before: str, after: str) -> str:
     """Drop top-level imports of ``after`` that ``before`` used and ``after`` no longer uses (an
     import left behind says what was taken out)."""
-    old_tree, source = ast.parse(before), Source(after)
+    old_tree, source = parse(before), Source(after)
     old_used = names_used(ast.Module(body=[n for n in old_tree.body if not isinstance(n, ast.Import | ast.ImportFrom)],
                                      type_ignores=[]))
     body = [n for n in source.tree.body if not isinstance(n, ast.Import | ast.ImportFrom)]
@@ -198,7 +216,7 @@ def _all_names(tree: ast.Module) -> set[str]:
 def mentioning(text: str, names: set[str] | frozenset[str]) -> set[str]:
     """Module-level functions and test methods (``TestA.test_b``) of a test module that use one of
     ``names``, directly or through a module-level helper or fixture that does."""
-    tree = ast.parse(text)
+    tree = parse(text)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     methods = {f"{c.name}.{m.name}": m for c in tree.body if isinstance(c, ast.ClassDef)
                for m in c.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)}

@@ -33,7 +33,14 @@ import re
 from dataclasses import dataclass
 
 from opencomposer.envs.generators.common import Candidate, Lab
-from opencomposer.envs.generators.edits import Edit, Source, apply_edits, name_tokens, string_tokens
+from opencomposer.envs.generators.edits import (
+    Edit,
+    Source,
+    apply_edits,
+    literal_eval,
+    name_tokens,
+    string_tokens,
+)
 from opencomposer.envs.generators.source import SourceRepo, Tree, is_test_path
 
 OPERATIONS = ("rename", "thread", "default")
@@ -346,7 +353,7 @@ def _literal_call(tests: dict[str, Source], module_name: str, name: str) -> str 
                 continue
             try:
                 for arg in [*node.args, *(k.value for k in node.keywords)]:
-                    ast.literal_eval(arg)
+                    literal_eval(arg)
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 continue
             if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
@@ -412,7 +419,7 @@ def _thread(source: SourceRepo, package: _Package, path: str, func: ast.Function
     gold = source.code_tree()
     for rel, file_edits in edits.items():
         gold[rel] = apply_edits(package.code[rel].text, file_edits).encode("utf-8")
-    value = ast.literal_eval(default)
+    value = literal_eval(default)
     other = _other_value(value)
     lines = ['"""Callers pass the keyword on instead of dropping it."""\n\n', "import importlib\n",
              "import inspect\n\n", "import pytest\n\n\n", "class _Reached(Exception):\n    pass\n"]
@@ -482,9 +489,9 @@ def default_plans(source: SourceRepo) -> list[Plan]:
     seen: set[tuple[str, frozenset]] = set()
     for path, func in functions:
         for param, (_, default, _) in sorted(_defaults(func).items()):
-            if not _literal(default) or isinstance(ast.literal_eval(default), str):
+            if not _literal(default) or isinstance(literal_eval(default), str):
                 continue
-            chain = _forwarding_chain(package, functions, path, func, param, ast.literal_eval(default))
+            chain = _forwarding_chain(package, functions, path, func, param, literal_eval(default))
             if len(chain) >= 2:
                 chains.append((param, frozenset((p, f.name) for p, f in chain), chain))
     for param, members, chain in chains:  # the longest chains only: a sub-chain would leave members behind
@@ -492,7 +499,7 @@ def default_plans(source: SourceRepo) -> list[Plan]:
                 (param, members) in seen:
             continue
         seen.add((param, members))
-        plans.append(_change_default(source, package, chain, param, ast.literal_eval(_defaults(chain[0][1])[param][1])))
+        plans.append(_change_default(source, package, chain, param, literal_eval(_defaults(chain[0][1])[param][1])))
     return plans
 
 
@@ -507,7 +514,7 @@ def _forwarding_chain(package: _Package, functions: list[tuple[str, ast.Function
             if (other_path, other) in chain:
                 continue
             declared = _defaults(other).get(param)
-            if declared is None or not _literal(declared[1]) or ast.literal_eval(declared[1]) != value:
+            if declared is None or not _literal(declared[1]) or literal_eval(declared[1]) != value:
                 continue
             for member_path, member in list(chain):
                 module = package.code[other_path]
