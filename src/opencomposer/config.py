@@ -504,7 +504,7 @@ class RLConfig:
     micro_batch_tokens: int = 16_384
     """Padded positions (rows × longest row) per micro-batch; bounds activation memory. Gradients of
     the micro-batches of a step add up before the one optimizer step."""
-    task_family: Literal["", "tiny", "tiny-words"] = ""
+    task_family: Literal["", "tiny", "tiny-composed", "tiny-words"] = ""
     """Generate the training stream and the held-out suite from a built-in family
     (``opencomposer.envs.generators.tiny``; its held-out split never appears in training) into
     ``{run}/tasks``; then ``train_tasks`` and ``eval_suite`` stay empty."""
@@ -563,7 +563,7 @@ class SFTConfig:
     the oracle solves tasks in the real harness and the model learns its turns, token for token, with
     the loss on model tokens only. It makes the starting checkpoint of RL."""
 
-    task_family: Literal["", "tiny", "tiny-words"] = ""
+    task_family: Literal["", "tiny", "tiny-composed", "tiny-words"] = ""
     """Demonstrations on a built-in family's training split (a seed stream of its own, not RL's)."""
     tasks: str = ""
     """Folder of task folders with gold patches, when no family is given."""

@@ -48,3 +48,24 @@ def test_every_phrasing_is_graded_correctly(tmp_path, phrasing):
     task = write_tiny_task(tmp_path / spec.task_id, spec)
     assert '"node"' in task.instruction and '"out.txt"' in task.instruction
     verify_task(task)  # raises unless gold resolves and the untouched workspace does not
+
+
+def test_composed_family_holds_out_new_combinations_of_familiar_parts():
+    composed = family("tiny-composed")
+    train, heldout = composed.combinations("train"), composed.combinations("heldout")
+    assert len(train) + len(heldout) == len(composed.templates) == 72 and not set(train) & set(heldout)
+    assert 10 <= len(heldout) <= 25
+    verbs = {composed.templates[p].split()[0] for _, _, p in train}
+    assert {composed.templates[p].split()[0] for _, _, p in heldout} <= verbs  # every held-out verb is trained
+    spec = tiny_spec(0, "heldout", 0, "tiny-composed")
+    assert spec.instruction == composed.templates[spec.phrasing].format(word="node", file="out.txt")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+def test_composed_phrasings_are_graded_correctly(tmp_path):
+    for split in ("train", "heldout"):
+        spec = tiny_spec(0, split, 0, "tiny-composed")
+        task = write_tiny_task(tmp_path / spec.task_id, spec)
+        assert task.instruction.strip() == spec.instruction
+        verify_task(task)

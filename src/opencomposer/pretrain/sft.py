@@ -150,8 +150,9 @@ def sft(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             result.steps = step + 1
-            result.history.append({"step": step + 1, "lr": lr, "loss": float(loss.detach()), "tokens": int(mask.sum())})
-            bar.update(task, advance=1, loss=float(loss))
+            value = float(loss.detach())
+            result.history.append({"step": step + 1, "lr": lr, "loss": value, "tokens": int(mask.sum())})
+            bar.update(task, advance=1, loss=value)
     model.eval()
     result.seconds = time.perf_counter() - start
     return result

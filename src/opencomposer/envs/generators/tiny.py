@@ -6,13 +6,17 @@ Each task asks the agent to write one word into one file ('Write the word "node"
 (``max_turns = 1``). Word and file name are single tokens of the project's code tokenizer, quoted
 in the instruction exactly as they appear inside the tool call's JSON arguments.
 
-Two families:
+Three families:
 
 - ``tiny``: the word and the file are always ``node`` and ``out.txt``; only the phrasing of the
   request changes (twelve phrasings; the ``heldout`` split uses three that training never shows).
   What a model has to learn is the harness's tool-call turn, token for token, and to keep doing it
   whatever the phrasing. A randomly initialised tiny MoE learns it in 145-160 SFT steps of 16
   episodes (recipes/rl-tiny.toml; docs/LOG.md has what RL then does with it).
+- ``tiny-composed``: the same word and file, but 72 phrasings composed from parts (six verbs, two
+  ways each to name the word and the file, three closings); one combination in four is held out,
+  so a held-out phrasing is a new combination of parts that training shows. Built so that what
+  RL fixes on training phrasings can carry over to held-out ones (docs/LOG.md).
 - ``tiny-words``: sixteen words × four files × three phrasings; the splits are disjoint
   combinations. Here the model must copy the word and the file name out of the instruction. We
   measured that a randomly initialised tiny MoE does not learn that copy in minutes behind the
@@ -62,6 +66,19 @@ PHRASINGS = (
 )
 
 
+def _composed_phrasings() -> tuple[str, ...]:
+    """Requests built from parts (verb, how the word and the file are named, closing): every part
+    appears in many phrasings, so a held-out phrasing is a new combination of familiar parts."""
+    verbs = (("Write", "to"), ("Put", "in"), ("Save", "into"), ("Store", "in"), ("Place", "in"), ("Record", "in"))
+    words = ('the word "{word}"', '"{word}"')
+    files = ('the file "{file}"', '"{file}"')
+    closings = (".", ", please.", " now.")
+    return tuple(f"{verb} {w} {prep} {f}{c}" for verb, prep in verbs for w in words for f in files for c in closings)
+
+
+COMPOSED = _composed_phrasings()
+
+
 @dataclass(frozen=True)
 class TinyFamily:
     """Which words, files and phrasings a family draws from, and which combinations it holds out."""
@@ -72,6 +89,7 @@ class TinyFamily:
     phrasings: tuple[int, ...]  # indices into PHRASINGS
     heldout_phrasings: tuple[int, ...] = ()  # these phrasings are held out, whatever the word
     heldout_share: int = 0  # else: one combination in ``heldout_share`` (by hash) is held out
+    templates: tuple[str, ...] = PHRASINGS  # what the ``phrasings`` indices point into
 
     def held_out(self, word: str, file: str, phrasing: int) -> bool:
         if self.heldout_phrasings:
@@ -90,6 +108,8 @@ class TinyFamily:
 FAMILIES = {
     "tiny": TinyFamily("tiny", words=("node",), files=("out.txt",), phrasings=tuple(range(len(PHRASINGS))),
                        heldout_phrasings=(4, 9, 11)),
+    "tiny-composed": TinyFamily("tiny-composed", words=("node",), files=("out.txt",),
+                                phrasings=tuple(range(len(COMPOSED))), heldout_share=4, templates=COMPOSED),
     "tiny-words": TinyFamily(
         "tiny-words",
         words=("tree", "list", "text", "node", "user", "time", "line", "code",
@@ -127,7 +147,7 @@ class TinySpec:
 
     @property
     def instruction(self) -> str:
-        return PHRASINGS[self.phrasing].format(word=self.word, file=self.file)
+        return family(self.family).templates[self.phrasing].format(word=self.word, file=self.file)
 
 
 def tiny_spec(seed: int, split: Split, index: int, family_name: str = "tiny") -> TinySpec:
