@@ -68,6 +68,14 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     with pytest.raises(ConfigError, match="task stream changed"):
         run_rl(load_recipe(None, [*overrides, "rl.steps=4", "rl.batch_tasks=1"]), progress=False)
 
+    # one process per run folder: a second one is turned away before it touches anything
+    from opencomposer.rl.loop import lock_run_folder
+
+    held = lock_run_folder(run_dir)
+    with pytest.raises(RuntimeError, match="in use by another"):
+        run_rl(load_recipe(None, [*overrides, "rl.steps=4"]), progress=False)
+    held.close()
+
     paths = draw_report(run_dir)
     names = sorted(p.name for p in paths)
     assert "report.png" in names and {"reward.png", "pass_rate.png", "loss.png", "kl.png", "entropy.png",

@@ -83,6 +83,21 @@ class MetricsLog:
         self.writer.close()
 
 
+def lock_run_folder(run_dir: Path):
+    """An exclusive lock on ``{run}/.lock`` for as long as the returned file stays open, so that two
+    processes never train (and checkpoint) into one run folder. The kernel drops it when the holder
+    dies, so a killed run never blocks its own resume."""
+    import fcntl
+
+    handle = (run_dir / ".lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RuntimeError(f"{run_dir} is in use by another `opencomposer rl` process (it holds {run_dir / '.lock'})") from None
+    return handle
+
+
 @dataclass
 class RLSummary:
     steps: int
@@ -116,13 +131,21 @@ class RLRun:
     """One ``opencomposer rl`` run: set up (fresh or resumed), then ``run()`` the steps."""
 
     def __init__(self, config: Config, progress: bool = True):
-        from opencomposer.rl.tasks import TaskStream, heldout_tasks
-
         self.config = config
         self.rl = config.rl
         self.progress = progress
         self.run_dir = config.run.path
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_run_folder(self.run_dir)  # held until run() returns (or setup fails)
+        try:
+            self._setup(config)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _setup(self, config: Config) -> None:
+        from opencomposer.rl.tasks import TaskStream, heldout_tasks
+
         if config.run.threads:
             torch.set_num_threads(config.run.threads)
         remove_partial(self.run_dir)
@@ -209,6 +232,7 @@ class RLRun:
                         self.checkpoint()
         finally:
             self.log.close()
+            self._lock.close()
         summary = RLSummary(self.state.step, time.perf_counter() - started, self.evaluations, self.run_dir)
         atomic_write_text(self.run_dir / "summary.json", json.dumps({
             "steps": summary.steps, "evaluations": summary.evaluations,
