@@ -41,7 +41,6 @@ class ScoredStep:
     """What ``score`` hands to ``train``: the rows that enter the loss, and what it measured."""
 
     rows: list[SequenceRow]
-    episodes: list[Episode]
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -107,7 +106,7 @@ class Trainer:
         if self.reference is not None and rows:
             kl_values = [float(penalties[i]) for i, e in enumerate(episodes) if e.scored]
             metrics["kl_penalty_mean"] = float(np.mean(kl_values)) if kl_values else 0.0
-        return ScoredStep(rows=kept, episodes=episodes, metrics=metrics)
+        return ScoredStep(rows=kept, metrics=metrics)
 
     def _reference_pass(self, rows: list[SequenceRow]) -> None:
         for chunk in micro_batches(rows, self.rl.micro_batch_tokens):

@@ -38,6 +38,7 @@ from opencomposer.envs.generators.edits import (
     apply_edits,
     first_line,
     mentioning,
+    names_used,
     parse,
     prune_import,
     prune_unused_imports,
@@ -103,7 +104,7 @@ class _Index:
             except (SyntaxError, UnicodeDecodeError):
                 continue
         # names each top-level statement mentions, computed once: the analysis asks for every name
-        self.mentions = {id(node): _mentions(node) for module in self.modules.values()
+        self.mentions = {id(node): names_used(node) for module in self.modules.values()
                          for node in module.tree.body}
         self.occurrences: dict[str, list[tuple[str, ast.AST]]] = {}
         for path, module in self.modules.items():
@@ -168,16 +169,6 @@ class _Index:
                     helpers.append(unit)
                     changed = True
         return helpers
-
-
-def _mentions(node: ast.AST) -> set[str]:
-    found = set()
-    for child in ast.walk(node):
-        if isinstance(child, ast.Name):
-            found.add(child.id)
-        elif isinstance(child, ast.Attribute):
-            found.add(child.attr)
-    return found
 
 
 def _inside(node: ast.AST, container: ast.AST) -> bool:
