@@ -197,12 +197,19 @@ class SandboxConfig:
     """Folder where workspaces are created; empty uses the system temporary folder."""
     shell: str = "/bin/bash"
     """Shell that runs each command (``shell -c COMMAND``); /bin/sh when this one is missing."""
+    max_concurrent: int = 0
+    """Commands running at once in this process, over all its sandboxes (tool calls and grading);
+    0: the CPUs this process may use. An RL step runs B × G episodes in threads, and without a cap
+    their test runs would all start together. Waiting for a slot does not count toward a
+    command's wall-clock limit."""
 
     def validate(self) -> None:
         for name in ("timeout_s", "max_timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes",
                      "tmp_size_mb", "output_limit_bytes", "max_output_mb"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"sandbox.{name}: must be positive, got {getattr(self, name)}")
+        if self.max_concurrent < 0:
+            raise ConfigError(f"sandbox.max_concurrent: must be >= 0 (0 = the CPU count), got {self.max_concurrent}")
         if self.timeout_s > self.max_timeout_s:
             raise ConfigError(
                 f"sandbox.timeout_s: {self.timeout_s} exceeds sandbox.max_timeout_s = {self.max_timeout_s}"
@@ -275,6 +282,10 @@ class GradingConfig:
     """pytest-timeout limit per test, so a hanging test fails on its own inside the run."""
     lint: bool = True
     """Count ruff findings on touched files before and after the change (``lint_added``)."""
+    cache: bool = True
+    """In RL runs, grade an identical change to the same task once and reuse the grade
+    (``envs.grading.GradeCache``): the rollouts of a group often end in the same diff, and every
+    evaluation grades the same held-out tasks. Turn off for tasks whose tests are flaky."""
     autoload_plugins: bool = False
     """Let pytest load every installed plugin. Off, only pytest-timeout is loaded (``-p``): a large
     environment's plugins cost seconds per run (hypothesis alone about one)."""
@@ -527,7 +538,8 @@ class RLConfig:
     """Checkpoints kept on disk (oldest deleted first)."""
     rollout_workers: int = 0
     """Episodes run at once (threads, each with its own sandbox; their model calls are batched);
-    0 runs a whole step, B × G episodes, at once."""
+    0 runs a whole step, B × G episodes, at once. Their commands (tool calls, grading) still run
+    at most ``sandbox.max_concurrent`` at a time."""
 
     def validate(self) -> None:
         for section in (self.advantage, self.kl, self.length_penalty, self.reward, self.loss):
@@ -569,6 +581,12 @@ class SFTConfig:
     """Folder of task folders with gold patches, when no family is given."""
     num_tasks: int = 64
     """Demonstrations recorded (each task once)."""
+    wrong_share: float = 0.0
+    """Share of the demonstrations (tiny families only) in which the teacher writes ``decoy_word``
+    instead of the word asked for: an imperfect teacher, so that SFT leaves a policy that is right
+    only some of the time, for one reason that RL can find (the RL learning test; docs/rl.md)."""
+    decoy_word: str = "code"
+    """What a wrong demonstration writes; one token of the tokenizer keeps the error to one choice."""
     init: str = ""
     """Checkpoint folder to fine-tune; empty builds the recipe's [model] afresh (ignoring model.path,
     which RL uses to start from this stage's output)."""
@@ -586,6 +604,12 @@ class SFTConfig:
     def validate(self) -> None:
         if self.task_family and self.tasks:
             raise ConfigError(f"sft.task_family = {self.task_family!r} and sft.tasks = {self.tasks!r}: pick one")
+        if not 0.0 <= self.wrong_share < 1.0:
+            raise ConfigError(f"sft.wrong_share: expected a share in [0, 1), got {self.wrong_share}")
+        if self.wrong_share and not self.task_family:
+            raise ConfigError("sft.wrong_share: wrong demonstrations exist for the tiny families only; set sft.task_family")
+        if self.wrong_share and not (self.decoy_word.isascii() and self.decoy_word.isalpha()):
+            raise ConfigError(f"sft.decoy_word: expected one plain word, got {self.decoy_word!r}")
         for name in ("num_tasks", "steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"sft.{name}: must be >= 1, got {getattr(self, name)}")

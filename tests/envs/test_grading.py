@@ -131,3 +131,59 @@ def test_grading_works_without_isolation_too():
     with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
         reward = grade(task, task.gold_patch, sandbox_config=SandboxConfig(isolation="none"))
     assert reward["resolved"] == 1.0 and reward["tests_passed"] == 3.0
+
+
+def test_grade_cache_reuses_the_grade_of_an_identical_change(tmp_path: Path):
+    from opencomposer.envs.grading import GradeCache
+
+    task = load_task(FIXTURES / "fix-add")
+    cache = GradeCache()
+    fresh = grade(task, task.gold_patch, "Fixed add.")
+    first = cache.grade(task, task.gold_patch, "Fixed add.", out_dir=tmp_path / "a")
+    again = cache.grade(task, task.gold_patch, "Fixed add.", out_dir=tmp_path / "b")
+    other = cache.grade(task, "", "Fixed add.")
+    assert without_time(first) == without_time(again) == without_time(fresh)
+    assert without_time(other) != without_time(first) and other["resolved"] == 0.0
+    assert (cache.hits, cache.misses) == (1, 2)
+    assert json.loads((tmp_path / "b" / "reward.json").read_text()) == again  # written for the reuse too
+
+
+def test_grade_cache_grades_a_key_once_across_threads_and_forgets_failures(monkeypatch: pytest.MonkeyPatch):
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from opencomposer.envs import grading
+
+    calls = []
+
+    def slow_grade(task, diff, final_message=None, sandbox_config=None, config=None, out_dir=None):
+        calls.append(diff)
+        time.sleep(0.2)  # long enough for every thread to ask while the first grades
+        if diff == "broken":
+            raise GradingInfraError("the grading sandbox could not start")
+        return {"resolved": float(diff == "good"), "grading_s": 0.2}
+
+    monkeypatch.setattr(grading, "grade", slow_grade)
+    cache = grading.GradeCache(max_entries=2)
+    task = SimpleNamespace(id="t", path=Path("/tasks/t"))
+    results = [None] * 8
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, cache.grade(task, "good"))) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == ["good"] and all(r["resolved"] == 1.0 for r in results)  # one grading, eight answers
+
+    for _ in range(2):  # a failure raises for its caller and is not remembered
+        with pytest.raises(GradingInfraError):
+            cache.grade(task, "broken")
+    assert calls.count("broken") == 2
+
+    cache.grade(task, "bad")  # two newer keys ("bad", "worse") push "good" out of a 2-entry cache
+    cache.grade(task, "worse")
+    cache.grade(task, "good")
+    assert calls.count("good") == 2
+    other_task = SimpleNamespace(id="u", path=Path("/tasks/u"))
+    cache.grade(other_task, "good")  # the same change to another task is graded on its own
+    assert calls.count("good") == 3

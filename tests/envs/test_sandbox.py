@@ -240,3 +240,54 @@ def test_missing_bwrap_refuses_unless_isolation_none(repo: Path, monkeypatch: py
         with Sandbox(repo, SandboxConfig(isolation="none")) as sb:
             result = sb.run("cat pkg/mod.py; sleep 5", timeout_s=1)
     assert result.output == "VALUE = 1\n" and result.timed_out
+
+
+def _timed_runs(repo: Path, commands: list[tuple[str, float]], limit: int) -> list[tuple[float, float, object]]:
+    """Run each (command, timeout) in its own sandbox and thread; (start, end, result) of each run
+    on the host clock, the start taken as end minus the command's own duration."""
+    import threading
+
+    config = SandboxConfig(max_concurrent=limit)
+    sandboxes = [Sandbox(repo, config) for _ in commands]
+    spans: list = [None] * len(commands)
+
+    def one(i: int) -> None:
+        result = sandboxes[i].run(commands[i][0], timeout_s=commands[i][1])
+        end = time.monotonic()
+        spans[i] = (end - result.duration_s, end, result)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(commands))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for sb in sandboxes:
+        sb.close()
+    return spans
+
+
+def test_commands_over_all_sandboxes_wait_for_one_of_max_concurrent_slots(repo: Path):
+    spans = _timed_runs(repo, [("sleep 0.4", 10.0)] * 5, limit=2)
+    assert all(result.exit_code == 0 for _, _, result in spans)
+    events = sorted([(start, 1) for start, _, _ in spans] + [(end, -1) for _, end, _ in spans])
+    running, peak = 0, 0
+    for _, change in events:  # an end sorts before a start at the same instant
+        running += change
+        peak = max(peak, running)
+    assert peak == 2  # five sandboxes, never more than two commands at once
+
+
+def test_waiting_for_a_slot_does_not_count_toward_the_timeout(repo: Path):
+    # One slot: whichever command goes second waits ~1 s, then runs ~1 s, past its 1.5 s limit
+    # if the wait counted.
+    spans = _timed_runs(repo, [("sleep 1.0", 1.5), ("sleep 1.0", 1.5)], limit=1)
+    assert all(result.exit_code == 0 and not result.timed_out for _, _, result in spans)
+    (start_a, end_a, _), (start_b, end_b, _) = spans
+    assert min(end_a, end_b) <= max(start_a, start_b) + 0.05  # one after the other
+
+
+def test_max_concurrent_must_not_be_negative():
+    from opencomposer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="max_concurrent"):
+        SandboxConfig(max_concurrent=-1).validate()

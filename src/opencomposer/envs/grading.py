@@ -17,6 +17,8 @@ A test command that runs past ``grading.timeout_s`` scores as failing tests (han
 agent's doing). Only failures of the harness itself (the sandbox cannot start, the diff produced by
 our own sandbox does not apply, ruff is missing) raise ``GradingInfraError``.
 
+``GradeCache`` reuses the grade of an identical change to the same task (``grading.cache``).
+
 Known limit: the tests run the agent's code in the same process as pytest, so a determined agent
 could forge the report; the exit code is recorded beside it, and tasks should keep conftest files
 among their protected paths.
@@ -24,15 +26,18 @@ among their protected paths.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import xml.etree.ElementTree as ElementTree
+from concurrent.futures import Future
 from pathlib import Path
 
 from opencomposer.config import GradingConfig, SandboxConfig
@@ -104,6 +109,67 @@ def grade(
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "reward.json").write_text(json.dumps(reward, indent=2, sort_keys=True) + "\n")
     return reward
+
+
+class GradeCache:
+    """Grades already computed in this process, keyed by (task, change, final message), so an
+    identical change to the same task is tested once: the G rollouts of an RL group often end in
+    the same diff, and evaluations grade the same held-out tasks again and again.
+
+    Thread-safe: when several threads ask for the same key at once, one grades and the others wait
+    for its result. A grading that raises is not remembered (each waiter gets the error; the next
+    request grades afresh). The newest ``max_entries`` grades are kept. Grading is assumed to be a
+    function of its key: a flaky test gets graded once per distinct change (``grading.cache =
+    false`` grades every episode). ``grading_s`` of a reused grade is the time the caller waited.
+    """
+
+    def __init__(self, max_entries: int = 4096):
+        from collections import OrderedDict
+
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def grade(
+        self,
+        task: Task,
+        diff: str,
+        final_message: str | None = None,
+        sandbox_config: SandboxConfig | None = None,
+        config: GradingConfig | None = None,
+        out_dir: Path | None = None,
+    ) -> dict[str, float]:
+        """``grade(...)``, or the grade an earlier call with the same key computed."""
+        started = time.monotonic()
+        change = hashlib.sha256(f"{diff}\0{final_message}".encode()).hexdigest()
+        key = (task.id, str(task.path), change, repr(sandbox_config), repr(config))
+        with self._lock:
+            future = self._entries.get(key)
+            owner = future is None
+            if owner:
+                future = self._entries[key] = Future()
+                self.misses += 1
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+            else:
+                self._entries.move_to_end(key)
+                self.hits += 1
+        if owner:
+            try:
+                future.set_result(grade(task, diff, final_message, sandbox_config, config, out_dir))
+            except BaseException as e:
+                with self._lock:
+                    if self._entries.get(key) is future:
+                        del self._entries[key]
+                future.set_exception(e)
+                raise
+            return dict(future.result())
+        reward = {**future.result(), "grading_s": time.monotonic() - started}
+        if out_dir is not None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(out_dir) / "reward.json").write_text(json.dumps(reward, indent=2, sort_keys=True) + "\n")
+        return reward
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ the error text, so they are excluded from scores instead of counted as zeros.
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from opencomposer.agent.loop import AgentLoop
@@ -27,8 +28,10 @@ def run_episode(
     seed: int = 0,
     sample_index: int = 0,
     out_dir: Path | None = None,
+    grader: Callable[..., dict[str, float]] = grade,
 ) -> Episode:
-    """Roll out ``policy`` on ``task`` and grade the result (``reward.json`` goes to ``out_dir``)."""
+    """Roll out ``policy`` on ``task`` and grade the result (``reward.json`` goes to ``out_dir``);
+    ``grader`` has ``grade``'s signature (``GradeCache.grade`` reuses grades of identical changes)."""
     try:
         sandbox = Sandbox(task.repo, config.sandbox, workdir=task.workdir)
     except SandboxError as e:
@@ -40,7 +43,7 @@ def run_episode(
             return episode
         episode.diff = sandbox.diff()
     try:
-        reward = grade(task, episode.diff, episode.final_message, config.sandbox, config.grading, out_dir)
+        reward = grader(task, episode.diff, episode.final_message, config.sandbox, config.grading, out_dir)
     except GradingInfraError as e:
         episode.status = EpisodeStatus.INFRA_ERROR
         episode.error = f"grading failed: {e}"

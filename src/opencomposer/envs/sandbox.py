@@ -14,6 +14,8 @@ command in a fresh bubblewrap (``bwrap``) jail over it:
   RLIMIT_NPROC); a wall-clock limit after which the whole process tree is killed; an output cap.
 - **lifetime**: each command gets its own PID namespace, so nothing it starts outlives it; the
   per-sandbox cgroup is emptied and removed by ``close()``.
+- **concurrency**: at most ``sandbox.max_concurrent`` commands run at once in the process (the
+  CPU count by default), whatever the number of sandboxes open: RL opens one per rollout.
 
 Tools read and write workspace files from the host through ``resolve()``, which confines paths to
 the workspace (no ``..``, no symlink pointing out, regular files only).
@@ -167,7 +169,7 @@ class Sandbox:
         if self._closed:
             raise SandboxError("run() on a closed sandbox")
         timeout = min(float(timeout_s or self.config.timeout_s), self.config.max_timeout_s)
-        with self._lock:
+        with self._lock, command_slots(self.config.max_concurrent):
             return self._run(command, timeout, env or {})
 
     def _run(self, command: str, timeout: float, extra_env: dict[str, str]) -> RunResult:
@@ -439,6 +441,18 @@ class Sandbox:
 
 # ----------------------------------------------------------------------------------------------
 # Helpers
+
+
+_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def command_slots(limit: int = 0) -> threading.BoundedSemaphore:
+    """The process-wide semaphore that lets ``limit`` sandboxed commands run at once (0: the CPUs
+    this process may use); sandboxes configured with the same limit share it."""
+    limit = limit or len(os.sched_getaffinity(0))
+    with _SLOTS_LOCK:
+        return _SLOTS.setdefault(limit, threading.BoundedSemaphore(limit))
 
 
 def _ignore_caches(directory: str, names: list[str]) -> set[str]:

@@ -15,12 +15,14 @@ Infrastructure failures are counted and left out, never scored as zeros.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from opencomposer.config import Config
+from opencomposer.envs.grading import grade
 from opencomposer.inference.batching import BatchingEngine
 from opencomposer.rl.rewards import diff_lines_changed, episode_reward
 from opencomposer.rl.rollouts import episode_seed, run_groups
@@ -34,12 +36,14 @@ def evaluate(
     config: Config,
     *,
     out_dir: Path | None = None,
+    grader: Callable[..., dict[str, float]] = grade,
 ) -> dict[str, float]:
-    """Run ``rl.eval_samples`` episodes of each task; returns the metrics named in the module doc."""
+    """Run ``rl.eval_samples`` episodes of each task; returns the metrics named in the module doc.
+    ``grader`` as in ``envs.rollout.run_episode``."""
     samples = config.rl.eval_samples
     seeds = [[episode_seed(config.run.seed, "eval", t, j) for j in range(samples)] for t in range(len(tasks))]
     groups = run_groups(tasks, batcher, tokenizer, config, group_size=samples, seeds=seeds, out_dir=out_dir,
-                        workers=config.rl.rollout_workers)
+                        workers=config.rl.rollout_workers, grader=grader)
     rewards, resolved, best, tokens, turns = [], [], [], [], []
     infra = 0
     for group in groups:

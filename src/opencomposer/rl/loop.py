@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,13 @@ class MetricsLog:
         self.file.flush()
         for name, value in metrics.items():
             self.writer.add_scalar(f"{kind}/{name}", value, step)
+        self.writer.flush()
+
+    def sync(self) -> None:
+        """Make every line logged so far durable (called before each checkpoint, so a resume never
+        finds the log shorter than its checkpoint; lines after it are cut on resume anyway)."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
         self.writer.flush()
 
     def close(self) -> None:
@@ -175,6 +183,10 @@ class RLRun:
 
         engine = LocalEngine(copy.deepcopy(self.model).eval(), self.tokenizer, policy_version=self.state.step)
         self.batcher = BatchingEngine(engine)
+        from opencomposer.envs.grading import GradeCache, grade
+
+        self.grades = GradeCache() if config.grading.cache else None
+        self.grader = self.grades.grade if self.grades else grade
         self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None)
         self.evaluations = self._logged_evaluations() if checkpoint else []
 
@@ -263,8 +275,9 @@ class RLRun:
         tasks = [self.stream.task(i) for i in indices]
         seeds = [[episode_seed(self.config.run.seed, "train", i, j) for j in range(rl.group_size)] for i in indices]
         calls_before, rows_before = self.batcher.stats.calls, self.batcher.stats.rows
+        hits_before = self.grades.hits if self.grades else 0
         groups = run_groups(tasks, self.batcher, self.tokenizer, self.config, group_size=rl.group_size,
-                            seeds=seeds, workers=rl.rollout_workers)
+                            seeds=seeds, workers=rl.rollout_workers, grader=self.grader)
         rollout_s = time.perf_counter() - started
         scored = self.trainer.score(groups)
         loss, train_metrics = self.trainer.train(scored)
@@ -281,6 +294,7 @@ class RLRun:
             "step_s": time.perf_counter() - started,
             "engine_calls": float(self.batcher.stats.calls - calls_before),
             "engine_rows": float(self.batcher.stats.rows - rows_before),
+            "grades_reused": float((self.grades.hits if self.grades else 0) - hits_before),
             "policy_version": float(state.step),
         }
         self.log.log(state.step, "train", metrics)
@@ -289,12 +303,13 @@ class RLRun:
     def evaluate(self) -> dict[str, float]:
         from opencomposer.rl.evaluate import evaluate
 
-        metrics = evaluate(self.heldout, self.batcher, self.tokenizer, self.config)
+        metrics = evaluate(self.heldout, self.batcher, self.tokenizer, self.config, grader=self.grader)
         self.log.log(self.state.step, "eval", metrics)
         self.evaluations.append({"step": self.state.step, **metrics})
         return metrics
 
     def checkpoint(self) -> Path:
+        self.log.sync()
         return save_training_checkpoint(self.run_dir, self.state, self.model, self.tokenizer,
                                         self.trainer.state_dict(), self.rl.keep_checkpoints)
 

@@ -18,6 +18,7 @@ depend on which other episodes ran beside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.policy import Context, PolicyOutput
 from opencomposer.agent.protocol import parse_turn
 from opencomposer.config import Config
+from opencomposer.envs.grading import grade
 from opencomposer.envs.rollout import run_episode
 from opencomposer.inference.batching import BatchingEngine, BatchingSession
 from opencomposer.types import Episode, Group, Task
@@ -70,11 +72,12 @@ class SessionPolicy:
 
 
 def _run_one(task: Task, session: BatchingSession | None, batcher: BatchingEngine, tokenizer: Any,
-             config: Config, seed: int, sample_index: int, out_dir: Path | None) -> Episode:
+             config: Config, seed: int, sample_index: int, out_dir: Path | None, grader: Callable) -> Episode:
     session = session or batcher.session()
     try:
         policy = SessionPolicy(session, tokenizer, config, task.budgets.max_turns)
-        return run_episode(task, policy, config, seed=seed, sample_index=sample_index, out_dir=out_dir)
+        return run_episode(task, policy, config, seed=seed, sample_index=sample_index, out_dir=out_dir,
+                           grader=grader)
     finally:
         session.close()
 
@@ -89,8 +92,10 @@ def run_groups(
     seeds: list[list[int]],
     out_dir: Path | None = None,
     workers: int = 0,
+    grader: Callable[..., dict[str, float]] = grade,
 ) -> list[Group]:
-    """``group_size`` episodes of every task (``seeds[t][j]`` for sample j of task t), in parallel."""
+    """``group_size`` episodes of every task (``seeds[t][j]`` for sample j of task t), in parallel;
+    ``grader`` as in ``run_episode``."""
     jobs = [(t, j) for t in range(len(tasks)) for j in range(group_size)]
     workers = workers or len(jobs)
     # With every job running at once, open all sessions first: the batcher then waits for all G
@@ -100,7 +105,7 @@ def run_groups(
         futures = {
             (t, j): pool.submit(
                 _run_one, tasks[t], sessions.get((t, j)), batcher, tokenizer, config, seeds[t][j], j,
-                None if out_dir is None else out_dir / tasks[t].id / f"sample-{j}",
+                None if out_dir is None else out_dir / tasks[t].id / f"sample-{j}", grader,
             )
             for t, j in jobs
         }
