@@ -137,6 +137,13 @@ def test_score_puts_the_k1_penalty_into_the_reward_before_the_group_advantage(sm
     assert scored.metrics["groups_dropped"] == 1.0 and scored.metrics["episodes_infra_error"] == 2.0
     assert sorted({row.episode for row in scored.rows}) == [0, 1]
     assert groups[1].episodes[0].reward_terms["resolved"] == 1.0  # scored, yet out of the loss
+    # the step's means are over the same three scored episodes (the dropped group's one included),
+    # so the logged terms add up to the logged mean reward
+    scored_episodes = [groups[0].episodes[0], groups[0].episodes[1], groups[1].episodes[0]]
+    assert scored.metrics["reward_mean"] == pytest.approx(np.mean([e.reward for e in scored_episodes]), abs=1e-12)
+    assert scored.metrics["resolved_rate"] == pytest.approx(2 / 3)
+    terms = sum(v for k, v in scored.metrics.items() if k.startswith("reward/"))
+    assert terms == pytest.approx(scored.metrics["reward_mean"], abs=1e-9)
 
 
 def test_publish_pushes_the_weights_into_the_engine_with_a_version(small):

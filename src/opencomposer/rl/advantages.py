@@ -67,7 +67,8 @@ def episode_advantages(
     Returns one list per group, aligned with its episodes: a float for each episode that enters
     the loss, ``None`` for an episode that does not (an infrastructure failure, or any episode of
     a group left with fewer than two scored episodes). Groups may differ in size once failures are
-    removed; each is centred on its own scored episodes. Metrics count what was left out.
+    removed; each is centred on its own scored episodes. Metrics count what was left out;
+    ``reward_mean`` is over every scored episode, a dropped group's included.
     """
     out: list[list[float | None]] = []
     dropped_groups = infra_errors = used = zero_signal = 0
@@ -76,6 +77,7 @@ def episode_advantages(
         scored = [i for i, episode in enumerate(episodes) if episode.scored]
         infra_errors += len(episodes) - len(scored)
         advantages: list[float | None] = [None] * len(episodes)
+        scored_rewards += [episodes[i].reward for i in scored]
         if len(scored) < MIN_SCORED_PER_GROUP:
             dropped_groups += 1
             out.append(advantages)
@@ -86,7 +88,6 @@ def episode_advantages(
             advantages[i] = float(value)
         used += len(scored)
         zero_signal += int(np.all(values == 0.0))
-        scored_rewards += rewards
         out.append(advantages)
     metrics = {
         "groups": float(len(groups)),
@@ -94,6 +95,8 @@ def episode_advantages(
         "groups_zero_signal": float(zero_signal),  # every scored reward equal: no gradient from it
         "episodes_infra_error": float(infra_errors),
         "episodes_in_loss": float(used),
+        # over every scored episode, those of dropped groups too: the same episodes as the
+        # trainer's resolved_rate and reward/* terms, so the terms add up to this mean
         "reward_mean": float(np.mean(scored_rewards)) if scored_rewards else float("nan"),
     }
     return out, metrics
