@@ -254,7 +254,10 @@ def run_pretraining(
     metrics.unlink(missing_ok=True)
     result = pretrain(model, tokenizer, corpus.train, corpus.heldout, config.pretrain,
                       metrics_path=metrics, progress=progress, seed=config.run.seed)
-    checkpoint = save_checkpoint(model, tokenizer, run_dir / "checkpoint")
+    from opencomposer.rl.checkpoint import atomic_directory
+
+    # built aside and renamed into place: a crash leaves the old checkpoint or the new one, never a part
+    checkpoint = atomic_directory(run_dir / "checkpoint", lambda folder: save_checkpoint(model, tokenizer, folder))
     plot_loss(result.history, run_dir / "loss.png")
     return model, tokenizer, result, checkpoint
 

@@ -8,8 +8,11 @@ as the RL trainer (``rl.batch``, ``rl.forward``): cross-entropy on the model-wri
 (prompts and tool outputs are context, not targets), averaged over the batch's model tokens.
 AdamW, linear warm-up, cosine decay to a tenth of the peak learning rate.
 
-For the RL learning test the run is kept short on purpose, so that the model solves its task
-family only some of the time: RL needs groups whose rollouts disagree.
+RL needs a starting point that solves its tasks only some of the time (groups whose rollouts
+disagree). Two ways to get one: stop SFT early, or give it an imperfect teacher
+(``sft.wrong_share``: that share of the demonstrations writes a decoy word instead of the one
+asked for, so the model learns to be right with about the complementary probability, whatever the
+phrasing). The RL learning test uses the second (docs/rl.md explains why).
 
 Not here: chat-transcript SFT data sets (no data set is downloaded), packing several episodes
 into one row.
@@ -83,7 +86,11 @@ def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
 
         seed = config.run.seed + 1  # not RL's stream (run.seed)
         specs = [tiny_spec(seed, "train", i, sft.task_family) for i in range(sft.num_tasks)]
-        return [write_tiny_task(folder / f"demo-{i:05d}", spec) for i, spec in enumerate(specs)]
+        wrong = set(np.random.default_rng([seed, 0x5F7]).permutation(sft.num_tasks)[: round(sft.wrong_share * sft.num_tasks)].tolist())
+        if wrong and any(spec.word == sft.decoy_word for spec in specs):
+            raise ConfigError(f"sft.decoy_word = {sft.decoy_word!r} is a word the family asks for; pick another")
+        return [write_tiny_task(folder / f"demo-{i:05d}", spec, answer=sft.decoy_word if i in wrong else None)
+                for i, spec in enumerate(specs)]
     if not sft.tasks:
         raise ConfigError('sft: set sft.task_family (e.g. "tiny") or sft.tasks = FOLDER (task folders with gold patches)')
     from opencomposer.envs.tasks import load_suite
@@ -177,9 +184,14 @@ def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any
         tasks = demonstration_tasks(config, Path(scratch))
         episodes = record_demonstrations(tasks, tokenizer, config)
     result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress)
-    out = sft_output(config)
-    save_checkpoint(model, tokenizer, out)
-    (out / "recipe.toml").write_text(to_toml(config))
+    from opencomposer.rl.checkpoint import atomic_directory
+
+    def write(folder: Path) -> None:
+        save_checkpoint(model, tokenizer, folder)
+        (folder / "recipe.toml").write_text(to_toml(config))
+
+    # built aside and renamed into place: RL never starts from half a checkpoint after a crash
+    out = atomic_directory(sft_output(config), write)
     return model, tokenizer, result, out
 
 

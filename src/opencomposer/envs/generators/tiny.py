@@ -177,8 +177,10 @@ def hidden_test(spec: TinySpec) -> str:
     )
 
 
-def write_tiny_task(folder: Path, spec: TinySpec, overwrite: bool = False) -> Task:
-    """Write one task folder (docs/task-format.md) for ``spec`` and load it back."""
+def write_tiny_task(folder: Path, spec: TinySpec, overwrite: bool = False, answer: str | None = None) -> Task:
+    """Write one task folder (docs/task-format.md) for ``spec`` and load it back. ``answer`` replaces
+    the word the gold change writes (a wrong demonstration for ``sft.wrong_share``; such a task's
+    gold change does not resolve it)."""
     return write_task(
         folder,
         task_id=spec.task_id,
@@ -191,7 +193,7 @@ def write_tiny_task(folder: Path, spec: TinySpec, overwrite: bool = False) -> Ta
         metadata={"source": "handwritten", "family": spec.family, "difficulty": "easy", "kind": "instructions",
                   "word": spec.word, "file": spec.file, "split": spec.split},
         budgets=BUDGETS,
-        gold_patch=file_diff(spec.file, None, spec.word + "\n"),
+        gold_patch=file_diff(spec.file, None, (spec.word if answer is None else answer) + "\n"),
         overwrite=overwrite,
     )
 

@@ -1,0 +1,111 @@
+"""SFT (``opencomposer sft``): the imperfect teacher, the learning-rate schedule, the loss against a
+plain forward, and a checkpoint that lands whole."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from opencomposer.config import ConfigError, ModelConfig, SFTConfig, load_recipe
+from opencomposer.envs.sandbox import bwrap_available
+
+needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="demonstrations are recorded in the sandbox")
+
+
+def test_wrong_share_makes_that_many_demonstrations_write_the_decoy(tmp_path: Path):
+    from opencomposer.pretrain.sft import demonstration_tasks
+
+    config = load_recipe(None, ["sft.task_family=tiny-composed", "sft.num_tasks=16", "sft.wrong_share=0.25"])
+    tasks = demonstration_tasks(config, tmp_path)
+    wrote = ["+code" in t.gold_patch.splitlines() for t in tasks]
+    assert sum(wrote) == 4  # a quarter of 16
+    assert all('"node"' in t.instruction for t in tasks)  # every request still asks for "node"
+    assert all("+node" in t.gold_patch.splitlines() for t, w in zip(tasks, wrote, strict=True) if not w)
+    again = demonstration_tasks(config, tmp_path / "again")
+    assert wrote == ["+code" in t.gold_patch.splitlines() for t in again]  # the same demonstrations per seed
+    honest = demonstration_tasks(load_recipe(None, ["sft.task_family=tiny-composed", "sft.num_tasks=16"]), tmp_path / "h")
+    assert not any("+code" in t.gold_patch.splitlines() for t in honest)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["sft.task_family=tiny", "sft.wrong_share=1.0"], "wrong_share"),
+    (["sft.task_family=tiny", "sft.wrong_share=-0.1"], "wrong_share"),
+    (["sft.tasks=somewhere", "sft.wrong_share=0.5"], "tiny families only"),
+    (["sft.task_family=tiny", "sft.wrong_share=0.5", "sft.decoy_word=two words"], "decoy_word"),
+])
+def test_bad_wrong_share_settings_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(None, overrides)
+
+
+def test_a_decoy_the_family_asks_for_is_refused(tmp_path: Path):
+    from opencomposer.pretrain.sft import demonstration_tasks
+
+    config = load_recipe(None, ["sft.task_family=tiny-words", "sft.num_tasks=40", "sft.wrong_share=0.5",
+                                "sft.decoy_word=tree"])
+    with pytest.raises(ConfigError, match="decoy_word"):
+        demonstration_tasks(config, tmp_path)
+
+
+def test_learning_rate_warms_up_then_decays_by_cosine_to_a_tenth():
+    from opencomposer.pretrain.sft import lr_at
+
+    config = SFTConfig(steps=25, warmup_steps=5, lr=1e-3)
+    expected = [1e-3 * (s + 1) / 5 for s in range(5)]
+    expected += [1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * (s - 5) / 20))) for s in range(5, 25)]
+    assert [lr_at(s, config) for s in range(25)] == pytest.approx(expected, rel=1e-12)
+    assert lr_at(5, config) == pytest.approx(1e-3) and lr_at(25, config) == pytest.approx(1e-4)
+
+
+@needs_bwrap
+def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tmp_path: Path, tiny_tokenizer):
+    import copy
+
+    from opencomposer.model.loading import load_model
+    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations, sft
+    from opencomposer.rl.batch import episode_rows
+
+    from ..rl.test_forward import SMALL
+
+    config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=3"])
+    episodes = record_demonstrations(demonstration_tasks(config, tmp_path), tiny_tokenizer, config)
+    model, tokenizer = load_model(SMALL, tiny_tokenizer, seed=1)
+    before = copy.deepcopy(model)
+    # independent: a plain forward per demonstration, −log p of each model-written token, averaged
+    total, count = 0.0, 0
+    for row in episode_rows(episodes):
+        with torch.no_grad():
+            logits = before(input_ids=torch.from_numpy(row.input_ids)[None]).logits[0].double()
+        logp = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(row.target_ids)[:, None])[:, 0]
+        total -= float(logp[torch.from_numpy(row.loss_mask)].sum())
+        count += int(row.loss_mask.sum())
+    result = sft(model, tokenizer, episodes, SFTConfig(steps=30, batch_size=3, lr=5e-3, warmup_steps=2), progress=False)
+    assert result.history[0]["loss"] == pytest.approx(total / count, rel=1e-4)  # the first batch is every row
+    assert result.history[0]["tokens"] == count
+    assert result.last_loss < 0.5 * result.first_loss
+    assert np.isfinite([h["loss"] for h in result.history]).all()
+
+
+@needs_bwrap
+def test_run_sft_writes_a_loadable_checkpoint_whole(tmp_path: Path):
+    from opencomposer.model.loading import load_model
+    from opencomposer.pretrain.sft import run_sft
+
+    out = tmp_path / "sft-out"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an earlier run")  # replaced as a whole, not merged into
+    config = load_recipe(None, [
+        "model.hidden_size=32", "model.num_layers=1", "model.head_dim=8", "model.num_experts=4",
+        "model.moe_intermediate_size=32", "sft.task_family=tiny", "sft.num_tasks=2", "sft.steps=2",
+        "sft.batch_size=2", "sft.warmup_steps=1", f"sft.out={out}",
+    ])
+    _, _, result, path = run_sft(config, progress=False)
+    assert path == out and result.steps == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft-out"]  # no temporary folder left beside it
+    assert not (out / "stale.txt").exists() and (out / "recipe.toml").is_file()
+    model, _ = load_model(ModelConfig(kind="hf", path=str(out)))
+    assert sum(p.numel() for p in model.parameters()) > 0
