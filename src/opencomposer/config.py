@@ -499,7 +499,13 @@ class RLConfig:
     group_size: int = 8
     """G: rollouts per task, fixed (report §4.1); the advantage baseline is the group mean."""
     lr: float = 1e-6
-    """Adam learning rate, constant after the warm-up (the report gives no schedule)."""
+    """Adam learning rate after the warm-up (the report gives no schedule; see ``lr_schedule``)."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: ``constant``, or ``cosine`` decay from ``lr`` to ``min_lr_ratio × lr`` at
+    update ``rl.steps``, so that a run ends on small steps (a small policy trained at a constant
+    rate can be caught by its last update in the middle of a dip; docs/LOG.md)."""
+    min_lr_ratio: float = 0.1
+    """Where ``cosine`` ends, as a fraction of ``lr``."""
     lr_warmup_steps: int = 0
     """Linear warm-up of the learning rate over the first N optimizer steps (0: none). Adam's first
     updates move every parameter by about ``lr`` whatever its gradient, which can wreck a small
@@ -552,6 +558,8 @@ class RLConfig:
                 raise ConfigError(f"rl.{name}: must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ConfigError(f"rl.group_size: must be >= 2 (the group mean is the baseline), got {self.group_size}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"rl.min_lr_ratio: expected a fraction in [0, 1], got {self.min_lr_ratio}")
         if self.lr <= 0 or self.adam_eps <= 0:
             raise ConfigError(f"rl.lr and rl.adam_eps: must be > 0, got {self.lr} and {self.adam_eps}")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):

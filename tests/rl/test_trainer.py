@@ -4,6 +4,7 @@ each against an independent computation."""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +176,8 @@ def test_learning_rate_warms_up_linearly_then_stays_constant(tiny_moe):
     assert [trainer.learning_rate(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
     config.rl.lr_warmup_steps = 0
     assert trainer.learning_rate(0) == 1e-3
+    # cosine after a 2-update warm-up, over 10 steps, down to a tenth: closed form per update
+    config.rl.lr_warmup_steps, config.rl.steps, config.rl.lr_schedule, config.rl.min_lr_ratio = 2, 10, "cosine", 0.1
+    expected = [5e-4, 1e-3] + [1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * k / 8))) for k in range(1, 9)]
+    assert [trainer.learning_rate(u) for u in range(10)] == pytest.approx(expected, rel=1e-12)
+    assert trainer.learning_rate(9) == pytest.approx(1e-4) and trainer.learning_rate(50) == pytest.approx(1e-4)

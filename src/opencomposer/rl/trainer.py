@@ -20,6 +20,7 @@ task stream, rollouts, logging and checkpoints.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,10 +147,16 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def learning_rate(self, update: int) -> float:
-        """``rl.lr`` after a linear warm-up over the first ``rl.lr_warmup_steps`` applied updates
-        (``update`` 0 is the first)."""
-        warmup = self.rl.lr_warmup_steps
-        return self.rl.lr if warmup == 0 else self.rl.lr * min(1.0, (update + 1) / warmup)
+        """The rate of applied update ``update`` (0 is the first): a linear warm-up over the first
+        ``rl.lr_warmup_steps``, then ``rl.lr`` (constant) or a cosine from ``rl.lr`` down to
+        ``rl.min_lr_ratio × rl.lr`` at update ``rl.steps``."""
+        rl, warmup = self.rl, self.rl.lr_warmup_steps
+        if update < warmup:
+            return rl.lr * (update + 1) / warmup
+        if rl.lr_schedule == "constant":
+            return rl.lr
+        progress = min(1.0, (update + 1 - warmup) / max(1, rl.steps - warmup))
+        return rl.lr * (rl.min_lr_ratio + (1 - rl.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
     def train(self, scored: ScoredStep) -> tuple[float, dict[str, float]]:
         """One optimizer step on the scored rows. A step without gradient (no rows, or every
