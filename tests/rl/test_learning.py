@@ -49,8 +49,9 @@ def test_rl_raises_the_heldout_pass_rate_of_an_imperfectly_taught_model(tmp_path
     assert 0.25 <= first["pass_at_1"] <= 0.75, first
     # RL raised the held-out pass rate by the margin
     assert last["pass_at_1"] >= first["pass_at_1"] + MARGIN, summary.evaluations
-    # by learning what the teacher got wrong: fewer training rollouts write the decoy at the end
+    # by learning what the teacher got wrong: fewer training rollouts write the decoy in the last
+    # four steps than in the first four (128 rollouts each; measured 0.42-0.50 -> 0.16-0.36)
     rollouts = summary.run_dir / "rollouts"
-    early = decoy_share(rollouts / "step-000001.jsonl")
+    early = sum(decoy_share(rollouts / f"step-{s:06d}.jsonl") for s in range(1, 5)) / 4
     late = sum(decoy_share(rollouts / f"step-{s:06d}.jsonl") for s in range(config.rl.steps - 3, config.rl.steps + 1)) / 4
     assert late < early, (early, late)
