@@ -86,7 +86,8 @@ def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
 
         seed = config.run.seed + 1  # not RL's stream (run.seed)
         specs = [tiny_spec(seed, "train", i, sft.task_family) for i in range(sft.num_tasks)]
-        wrong = set(np.random.default_rng([seed, 0x5F7]).permutation(sft.num_tasks)[: round(sft.wrong_share * sft.num_tasks)].tolist())
+        order = np.random.default_rng([seed, 0x5F7]).permutation(sft.num_tasks)
+        wrong = set(order[: round(sft.wrong_share * sft.num_tasks)].tolist())  # the teacher's mistakes
         if wrong and any(spec.word == sft.decoy_word for spec in specs):
             raise ConfigError(f"sft.decoy_word = {sft.decoy_word!r} is a word the family asks for; pick another")
         return [write_tiny_task(folder / f"demo-{i:05d}", spec, answer=sft.decoy_word if i in wrong else None)
