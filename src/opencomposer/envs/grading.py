@@ -105,10 +105,14 @@ def grade(
         reward["fail_to_pass"] == 1.0 and reward["pass_to_pass"] == 1.0 and reward["rubric_ok"] == 1.0
     )
     reward["grading_s"] = time.monotonic() - started
+    _write_reward(out_dir, reward)
+    return reward
+
+
+def _write_reward(out_dir: Path | None, reward: dict[str, float]) -> None:
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "reward.json").write_text(json.dumps(reward, indent=2, sort_keys=True) + "\n")
-    return reward
 
 
 class GradeCache:
@@ -166,9 +170,7 @@ class GradeCache:
                 raise
             return dict(future.result())
         reward = {**future.result(), "grading_s": time.monotonic() - started}
-        if out_dir is not None:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            (Path(out_dir) / "reward.json").write_text(json.dumps(reward, indent=2, sort_keys=True) + "\n")
+        _write_reward(out_dir, reward)
         return reward
 
 
