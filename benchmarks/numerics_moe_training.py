@@ -3,7 +3,7 @@
 Same initial weights, same batches in the same order, same optimiser; only ``numerics.recipe``
 changes (experts converted with ``opencomposer.numerics.convert.convert_model``; add
 ``--quantize-linears`` to convert attention too). Data: Python source from the local installation
-(``pretrain.corpus``), a byte-level BPE trained on it, packed into fixed-length sequences.
+(``model.corpus``), a byte-level BPE trained on it, packed into fixed-length sequences.
 
 Tiny models trained for a few hundred steps are chaotic: a different rounding anywhere changes
 a routing decision, and from then on the runs differ by as much as two seeds do. So each recipe
@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from opencomposer.config import CorpusConfig, NumericsConfig
+from opencomposer.model.corpus import build_corpus
 from opencomposer.model.tokenizer import document_separator_id, train_tokenizer
 from opencomposer.numerics.convert import convert_model
-from opencomposer.pretrain.corpus import build_corpus
 
 RESULTS = Path(__file__).parent / "results"
 RECIPES = ("bf16", "mxfp8", "nvfp4_fwd_mxfp8_bwd")

@@ -28,8 +28,8 @@ from pathlib import Path
 from opencomposer.agent.policies.scripted import oracle_policy
 from opencomposer.bench.eval import run_eval
 from opencomposer.config import Config, SandboxConfig
-from opencomposer.envs.importers import humaneval_problems, humaneval_task
-from opencomposer.envs.sandbox import Sandbox
+from opencomposer.sandbox.workspace import Sandbox
+from opencomposer.tasks.importers import humaneval_problems, humaneval_task
 
 RESULTS = Path(__file__).parent / "results" / "sandbox.json"
 REPO = Path(__file__).parents[1] / "tests" / "fixtures" / "tasks" / "fix-add" / "repo"

@@ -64,9 +64,9 @@ def time_steps(step, steps: int) -> float:
 def ours(model, tokenizer, batch, args, share_prefix: bool) -> float:
     import opencomposer.rl.step as step_module
     from opencomposer.config import RLConfig
-    from opencomposer.rl.batch import SequenceRow, collate, micro_batches
-    from opencomposer.rl.forward import token_logprobs
     from opencomposer.rl.step import make_optimizer, train_step
+    from opencomposer.training.forward import token_logprobs
+    from opencomposer.training.packing import SequenceRow, collate, micro_batches
 
     prompt_ids, completion_ids, advantages = batch
     rows = []

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def code_corpus():
     from opencomposer.config import CorpusConfig
-    from opencomposer.pretrain.corpus import build_corpus
+    from opencomposer.model.corpus import build_corpus
 
     return build_corpus(CorpusConfig(max_files=1500))
 

@@ -165,7 +165,7 @@ class SamplingConfig:
 
 @dataclass
 class SandboxConfig:
-    """Where model-written commands run (``opencomposer.envs.sandbox``; DESIGN.md, Sandbox)."""
+    """Where model-written commands run (``opencomposer.sandbox.workspace``; DESIGN.md, Sandbox)."""
 
     isolation: Literal["bwrap", "none"] = "bwrap"
     """``bwrap``: each command runs in a bubblewrap jail (no network, tmpfs root with read-only
@@ -523,7 +523,7 @@ class RLConfig:
     the micro-batches of a step add up before the one optimizer step."""
     task_family: Literal["", "tiny", "tiny-composed", "tiny-words"] = ""
     """Generate the training stream and the held-out suite from a built-in family
-    (``opencomposer.envs.generators.tiny``; its held-out split never appears in training) into
+    (``opencomposer.tasks.generators.tiny``; its held-out split never appears in training) into
     ``{run}/tasks``; then ``train_tasks`` and ``eval_suite`` stay empty."""
     train_tasks: str = ""
     """Folder of training task folders (docs/task-format.md). The stream is all of them in an order
@@ -670,7 +670,7 @@ class NumericsConfig:
 @dataclass
 class TasksConfig:
     """Task generation, mining and validation (``opencomposer tasks generate|mine|validate``;
-    ``opencomposer.envs.generators``, docs/tasks.md)."""
+    ``opencomposer.tasks.generators``, docs/tasks.md)."""
 
     train_projects: list[str] = field(default_factory=lambda: ["inventory", "textkit", "confkit"])
     """Built-in source projects (``suites/projects``) the training stream draws from."""

@@ -12,8 +12,8 @@ from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policies.http import OpenAIPolicy
 from opencomposer.agent.policy import PolicyError, make_policy
 from opencomposer.config import Config, HttpPolicyConfig, load_recipe
-from opencomposer.envs.sandbox import Sandbox, bwrap_available
-from opencomposer.envs.tasks import load_task
+from opencomposer.sandbox.workspace import Sandbox, bwrap_available
+from opencomposer.tasks.format import load_task
 from opencomposer.types import EpisodeStatus
 
 from .conftest import FIXTURES

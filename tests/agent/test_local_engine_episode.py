@@ -14,8 +14,8 @@ from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.protocol import message_dicts
 from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import ModelConfig, SamplingConfig
-from opencomposer.envs.sandbox import Sandbox, bwrap_available
-from opencomposer.envs.tasks import load_task
+from opencomposer.sandbox.workspace import Sandbox, bwrap_available
+from opencomposer.tasks.format import load_task
 from opencomposer.types import MODEL_KINDS, EpisodeStatus, TokenKind
 
 from .conftest import FIXTURES

@@ -10,8 +10,8 @@ from opencomposer.agent.protocol import message_dicts
 from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import Config
 from opencomposer.envs.rollout import run_episode
-from opencomposer.envs.sandbox import Sandbox, bwrap_available
-from opencomposer.envs.tasks import load_task
+from opencomposer.sandbox.workspace import Sandbox, bwrap_available
+from opencomposer.tasks.format import load_task
 from opencomposer.types import EpisodeStatus, Message, TokenKind
 
 from .conftest import FIXTURES

@@ -9,7 +9,7 @@ import pytest
 
 from opencomposer.agent.errors import Submitted
 from opencomposer.agent.tools import Toolbox, ToolError, check_arguments
-from opencomposer.envs.sandbox import Sandbox, bwrap_available
+from opencomposer.sandbox.workspace import Sandbox, bwrap_available
 from opencomposer.types import ToolCall
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")

@@ -14,8 +14,8 @@ from opencomposer.bench.eval import run_eval
 from opencomposer.bench.summary import summarize, wilson_interval
 from opencomposer.cli import main
 from opencomposer.config import Config
-from opencomposer.envs.sandbox import bwrap_available
-from opencomposer.envs.tasks import load_suite
+from opencomposer.sandbox.workspace import bwrap_available
+from opencomposer.tasks.format import load_suite
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 needs_sandbox = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")

@@ -9,9 +9,9 @@ import pytest
 
 from opencomposer.config import GradingConfig
 from opencomposer.envs.grading import GradingInfraError, grade, junit_node_id, parse_junit
-from opencomposer.envs.patch import file_diff
-from opencomposer.envs.sandbox import bwrap_available
-from opencomposer.envs.tasks import load_task, write_task
+from opencomposer.sandbox.patch import file_diff
+from opencomposer.sandbox.workspace import bwrap_available
+from opencomposer.tasks.format import load_task, write_task
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 REWARD_NAMES = {

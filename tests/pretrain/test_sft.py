@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from opencomposer.config import ConfigError, ModelConfig, SFTConfig, load_recipe
-from opencomposer.envs.sandbox import bwrap_available
+from opencomposer.sandbox.workspace import bwrap_available
 
 needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="demonstrations are recorded in the sandbox")
 
@@ -67,9 +67,8 @@ def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tmp_path: Path, tiny_t
 
     from opencomposer.model.loading import load_model
     from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations, sft
-    from opencomposer.rl.batch import episode_rows
-
-    from ..rl.test_forward import SMALL
+    from opencomposer.training.packing import episode_rows
+    from tests.training.test_forward import SMALL
 
     config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=3"])
     episodes = record_demonstrations(demonstration_tasks(config, tmp_path), tiny_tokenizer, config)

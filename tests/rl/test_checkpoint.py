@@ -28,8 +28,7 @@ from .test_trainer import episode
 @pytest.fixture(scope="module")
 def small(tiny_tokenizer):
     from opencomposer.model.loading import load_model
-
-    from .test_forward import SMALL
+    from tests.training.test_forward import SMALL
 
     return load_model(SMALL, tiny_tokenizer, seed=11)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opencomposer.envs.sandbox import bwrap_available
+from opencomposer.sandbox.workspace import bwrap_available
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")]
 
@@ -73,7 +73,7 @@ def launch(recipe: Path, out_dir: Path, log) -> subprocess.Popen:
 
 def test_sigkill_at_random_points_then_resume_trains_each_task_exactly_once(tmp_path):
     from opencomposer.config import load_recipe
-    from opencomposer.envs.generators.tiny import tiny_spec
+    from opencomposer.tasks.generators.tiny import tiny_spec
 
     recipe = tmp_path / "crash.toml"
     recipe.write_text(RECIPE)

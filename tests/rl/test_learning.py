@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import load_recipe
-from opencomposer.envs.sandbox import bwrap_available
+from opencomposer.sandbox.workspace import bwrap_available
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "rl-tiny.toml"
 MARGIN = 0.15  # held-out pass@1 after RL minus before; measured gains are listed in docs/rl.md

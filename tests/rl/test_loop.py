@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from opencomposer.config import load_recipe
-from opencomposer.envs.sandbox import bwrap_available
+from opencomposer.sandbox.workspace import bwrap_available
 
 SMALL_RUN = [
     "run.threads=1", "model.hidden_size=64", "model.num_layers=2", "model.head_dim=16", "model.num_experts=4",

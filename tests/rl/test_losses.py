@@ -15,8 +15,8 @@ from opencomposer.rl.losses import (
     LossInputs,
     packed_sequence_ids,
     rl_loss,
-    token_logprobs_and_entropy,
 )
+from opencomposer.training.forward import token_logprobs_and_entropy
 from opencomposer.types import TrainBatch
 
 NAMES = ["composer", "ppo_clip", "tis", "grpo", "dr_grpo", "dapo"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from opencomposer.envs.generators.tiny import (
+from opencomposer.sandbox.workspace import bwrap_available
+from opencomposer.tasks.generators.tiny import (
     PHRASINGS,
     TinySpec,
     family,
@@ -18,7 +19,6 @@ from opencomposer.envs.generators.tiny import (
     verify_task,
     write_tiny_task,
 )
-from opencomposer.envs.sandbox import bwrap_available
 
 
 def test_splits_are_disjoint_and_cover_every_phrasing():

@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from opencomposer.config import Config, RLConfig
-from opencomposer.rl.batch import collate, episode_rows, micro_batches
 from opencomposer.rl.step import make_optimizer, train_step
 from opencomposer.rl.trainer import Trainer
+from opencomposer.training.packing import collate, episode_rows, micro_batches
 from opencomposer.types import Episode, EpisodeStatus, Group, Segment, Task, TokenKind, Turn
-
-from .test_forward import SMALL
+from tests.training.test_forward import SMALL
 
 PROMPT = list(range(100, 160))  # 60 shared prompt ids
 

@@ -66,7 +66,7 @@ def test_suite_size_and_targeted_kinds():
 
 
 def test_suite_loads_with_the_task_loader():
-    from opencomposer.envs.tasks import load_suite
+    from opencomposer.tasks.format import load_suite
 
     tasks = load_suite(CURSORBENCH)
     assert [t.id for t in tasks] == TASK_IDS

@@ -17,7 +17,7 @@ import pytest
 from opencomposer.agent.policy import make_policy
 from opencomposer.config import Config
 from opencomposer.envs.rollout import run_episode
-from opencomposer.envs.tasks import load_suite
+from opencomposer.tasks.format import load_suite
 from opencomposer.types import EpisodeStatus
 
 from .conftest import CURSORBENCH

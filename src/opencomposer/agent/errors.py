@@ -2,7 +2,7 @@
 
 A step of the loop either returns normally or raises one of these. ``NonTerminating`` errors
 become a message back to the model and the episode goes on; ``Terminating`` ones end it.
-Infrastructure failures are not here: they are ``SandboxError`` (envs.sandbox) and
+Infrastructure failures are not here: they are ``SandboxError`` (sandbox.workspace) and
 ``PolicyError`` (agent.policies), and the loop records them as ``EpisodeStatus.INFRA_ERROR``.
 """
 

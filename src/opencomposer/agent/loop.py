@@ -32,7 +32,7 @@ from opencomposer.agent.protocol import (
 )
 from opencomposer.agent.tools import Toolbox, ToolError, tool_schemas
 from opencomposer.config import AgentConfig
-from opencomposer.envs.sandbox import Sandbox, SandboxError
+from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import Episode, EpisodeStatus, Message, Segment, Task, TokenKind, ToolCall, Turn
 
 

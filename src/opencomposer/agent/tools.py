@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opencomposer.agent.errors import Submitted
-from opencomposer.envs.patch import IGNORED_NAMES
-from opencomposer.envs.sandbox import PathOutsideWorkspace, Sandbox
+from opencomposer.sandbox.patch import IGNORED_NAMES
+from opencomposer.sandbox.workspace import PathOutsideWorkspace, Sandbox
 from opencomposer.types import ToolCall
 
 READ_DEFAULT_LINES = 400

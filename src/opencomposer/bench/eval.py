@@ -30,7 +30,7 @@ from opencomposer.agent.policy import Policy, make_policy
 from opencomposer.bench.summary import summarize, summary_table
 from opencomposer.config import Config, ConfigError, load_recipe
 from opencomposer.envs.rollout import run_episode
-from opencomposer.envs.tasks import TaskFormatError, load_suite
+from opencomposer.tasks.format import TaskFormatError, load_suite
 from opencomposer.types import Episode, EpisodeStatus, Task
 
 

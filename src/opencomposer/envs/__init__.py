@@ -1,3 +1,5 @@
-"""Environments: the sandbox, the task folder format with its importers and exporters, grading,
-and ``rollout.run_episode`` (sandbox + agent loop + grading for one episode). Task generators
-live in ``envs.generators``."""
+"""The runtime harness: ``grading.grade`` (hidden tests, rubric and lint in the sandbox, written as
+``reward.json``) and ``rollout.run_episode`` (sandbox + agent loop + grading for one episode).
+
+Not here: the sandbox itself (``sandbox``), task folders and generators (``tasks``).
+"""

@@ -41,9 +41,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from opencomposer.config import GradingConfig, SandboxConfig
-from opencomposer.envs.patch import PatchError, apply_patch, diff_stats
-from opencomposer.envs.sandbox import Sandbox, SandboxError
-from opencomposer.envs.tasks import copy_tree
+from opencomposer.sandbox.patch import PatchError, apply_patch, copy_tree, diff_stats
+from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import Task
 
 REPORT_DIR = ".opencomposer"

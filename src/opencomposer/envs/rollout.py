@@ -16,7 +16,7 @@ from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policy import Policy
 from opencomposer.config import Config
 from opencomposer.envs.grading import GradingInfraError, grade
-from opencomposer.envs.sandbox import Sandbox, SandboxError
+from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import Episode, EpisodeStatus, Task
 
 

@@ -23,17 +23,10 @@ from typing import Any
 import torch
 
 from opencomposer.config import ConfigError, CorpusConfig, ModelConfig, TokenizerConfig
+from opencomposer.io import cache_dir
 from opencomposer.model.tokenizer import END_OF_TEXT, IM_END, load_tokenizer, stop_token_ids
 
 TINY_KINDS = ("tiny_moe", "tiny_deepseek_v3")
-
-
-def cache_dir() -> Path:
-    """Where downloaded wheels, converted checkpoints and trained tokenizers are cached."""
-    root = os.environ.get("OPENCOMPOSER_HOME") or Path.home() / ".cache" / "opencomposer"
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def resolve_spec(spec: ModelConfig | str | Path) -> ModelConfig:
@@ -154,8 +147,8 @@ def default_tokenizer(
     path = cache_dir() / "tokenizers" / key.hexdigest()[:16]
     if (path / "tokenizer.json").is_file():
         return load_tokenizer(path)
+    from opencomposer.model.corpus import build_corpus
     from opencomposer.model.tokenizer import train_tokenizer
-    from opencomposer.pretrain.corpus import build_corpus
 
     files = build_corpus(corpus, seed=seed).train[: tokenizer.train_files]
     trained = train_tokenizer((f.text for f in files), tokenizer.vocab_size)

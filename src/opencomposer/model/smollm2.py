@@ -22,7 +22,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def smollm2_path() -> Path:
-    from opencomposer.model.loading import cache_dir
+    from opencomposer.io import cache_dir
 
     return cache_dir() / "models" / "smollm2-135m-instruct"
 

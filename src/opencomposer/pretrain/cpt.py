@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from opencomposer.config import Config, PretrainConfig, load_recipe, to_toml
-from opencomposer.pretrain.corpus import CodeFile, Corpus, build_corpus
+from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
 
 
 def token_stream(files: list[CodeFile], tokenizer: Any, separator_id: int, batch_files: int = 32) -> Iterator[int]:
@@ -254,7 +254,7 @@ def run_pretraining(
     metrics.unlink(missing_ok=True)
     result = pretrain(model, tokenizer, corpus.train, corpus.heldout, config.pretrain,
                       metrics_path=metrics, progress=progress, seed=config.run.seed)
-    from opencomposer.rl.checkpoint import atomic_directory
+    from opencomposer.io import atomic_directory
 
     # built aside and renamed into place: a crash leaves the old checkpoint or the new one, never a part
     checkpoint = atomic_directory(run_dir / "checkpoint", lambda folder: save_checkpoint(model, tokenizer, folder))

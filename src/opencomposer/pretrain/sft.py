@@ -4,7 +4,7 @@ Demonstrations are recorded in the real harness: the oracle policy (the task's g
 through the tools, ``agent.policies.scripted``) plays each task in a sandbox, all its calls in one
 turn followed by ``finish``, and the agent loop records the episode token in, token out, exactly
 as it records an RL rollout. SFT then trains on those records with the same packing and forward
-as the RL trainer (``rl.batch``, ``rl.forward``): cross-entropy on the model-written tokens only
+as the RL trainer (``training.packing``, ``training.forward``): cross-entropy on the model-written tokens only
 (prompts and tool outputs are context, not targets), averaged over the batch's model tokens.
 AdamW, linear warm-up, cosine decay to a tenth of the peak learning rate.
 
@@ -64,7 +64,7 @@ def record_demonstrations(tasks: list[Task], tokenizer: Any, config: Config) -> 
     the oracle's change is the gold patch); returns the token-level episodes."""
     from opencomposer.agent.loop import AgentLoop
     from opencomposer.agent.policies.scripted import ScriptedPolicy
-    from opencomposer.envs.sandbox import Sandbox
+    from opencomposer.sandbox.workspace import Sandbox
 
     policy = ScriptedPolicy(one_turn_oracle, name="oracle-one-turn", tokenizer=tokenizer)
     episodes = []
@@ -82,7 +82,7 @@ def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
     stream of its own (RL's stream is another; the held-out split is never demonstrated)."""
     sft = config.sft
     if sft.task_family:
-        from opencomposer.envs.generators.tiny import tiny_spec, write_tiny_task
+        from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
 
         seed = config.run.seed + 1  # not RL's stream (run.seed)
         specs = [tiny_spec(seed, "train", i, sft.task_family) for i in range(sft.num_tasks)]
@@ -94,7 +94,7 @@ def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
                 for i, spec in enumerate(specs)]
     if not sft.tasks:
         raise ConfigError('sft: set sft.task_family (e.g. "tiny") or sft.tasks = FOLDER (task folders with gold patches)')
-    from opencomposer.envs.tasks import load_suite
+    from opencomposer.tasks.format import load_suite
 
     tasks = [t for t in load_suite(sft.tasks) if t.gold_patch][: sft.num_tasks]
     if not tasks:
@@ -121,9 +121,8 @@ def sft(
 ) -> SFTResult:
     """Train ``model`` in place on the model tokens of ``episodes``; returns the loss history."""
     from opencomposer.pretrain.cpt import _progress
-    from opencomposer.rl.batch import collate, episode_rows
-    from opencomposer.rl.forward import token_logprobs
-    from opencomposer.rl.step import batch_to
+    from opencomposer.training.forward import batch_to, token_logprobs
+    from opencomposer.training.packing import collate, episode_rows
 
     rows = episode_rows(episodes)
     if not rows:
@@ -185,7 +184,7 @@ def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any
         tasks = demonstration_tasks(config, Path(scratch))
         episodes = record_demonstrations(tasks, tokenizer, config)
     result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress)
-    from opencomposer.rl.checkpoint import atomic_directory
+    from opencomposer.io import atomic_directory
 
     def write(folder: Path) -> None:
         save_checkpoint(model, tokenizer, folder)

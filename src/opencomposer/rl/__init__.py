@@ -32,7 +32,7 @@ _LAZY = {  # name -> module; these import torch
     "ppo_clip_loss": "opencomposer.rl.losses",
     "tis_loss": "opencomposer.rl.losses",
     "packed_sequence_ids": "opencomposer.rl.losses",
-    "token_logprobs_and_entropy": "opencomposer.rl.losses",
+    "token_logprobs_and_entropy": "opencomposer.training.forward",
 }
 
 __all__ = [

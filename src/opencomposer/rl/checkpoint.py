@@ -26,7 +26,6 @@ back to the checkpoint's step on resume (``rl.loop``), so logs agree with the re
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from opencomposer.io import atomic_directory, discard
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -55,48 +56,6 @@ class RunState:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file, or a directory entry list, to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old file or
-    the new one, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    fsync_path(tmp)
-    os.replace(tmp, path)
-    fsync_path(path.parent)
-
-
-def atomic_directory(final: Path, write: Any) -> Path:
-    """Build a folder with ``write(tmp_folder)``, fsync it, then rename it to ``final`` atomically."""
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    for dirpath, _, filenames in os.walk(tmp):
-        for name in filenames:
-            fsync_path(Path(dirpath) / name)
-        fsync_path(Path(dirpath))
-    if final.exists():  # only when a step is saved twice; the new copy wins
-        _discard(final)
-    os.rename(tmp, final)
-    fsync_path(final.parent)
-    return final
-
-
-def _discard(path: Path) -> None:
-    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def rng_state() -> dict[str, Any]:
@@ -166,7 +125,7 @@ def save_training_checkpoint(
 
     final = atomic_directory(checkpoint_dir(run_dir, state.step), write)
     for old in list_checkpoints(run_dir)[:-keep]:
-        _discard(old)
+        discard(old)
     return final
 
 

@@ -35,10 +35,9 @@ from typing import Any
 import torch
 
 from opencomposer.config import Config, ConfigError, ModelConfig, load_recipe, to_toml
+from opencomposer.io import atomic_directory, atomic_write_text
 from opencomposer.rl.checkpoint import (
     RunState,
-    atomic_directory,
-    atomic_write_text,
     latest_checkpoint,
     load_training_checkpoint,
     remove_partial,

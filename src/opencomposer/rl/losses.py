@@ -93,19 +93,6 @@ def packed_sequence_ids(segment_ids: torch.Tensor) -> torch.Tensor:  # [rows, se
     return rows * (int(segment_ids.max()) + 1) + segment_ids.long()
 
 
-def token_logprobs_and_entropy(
-    logits: torch.Tensor,  # [rows, seq, vocab]
-    target_ids: torch.Tensor,  # [rows, seq]
-) -> tuple[torch.Tensor, torch.Tensor]:  # [rows, seq] differentiable, [rows, seq] detached
-    """log π(target) at each position, and the entropy of π there (for metrics; no gradient).
-    Half-precision logits are upcast to float32 first; float64 stays float64."""
-    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    logprobs = logp_all.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logprobs, entropy
-
-
 # ----------------------------------------------------------------------------------------------
 # Per-token objectives ([rows, seq] -> [rows, seq])
 

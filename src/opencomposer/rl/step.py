@@ -23,8 +23,8 @@ import dataclasses
 import torch
 
 from opencomposer.config import RLConfig
-from opencomposer.rl.forward import token_logprobs
 from opencomposer.rl.losses import LossInputs, rl_loss
+from opencomposer.training.forward import batch_to, token_logprobs
 from opencomposer.types import TrainBatch
 
 
@@ -37,16 +37,6 @@ def make_optimizer(model: torch.nn.Module, config: RLConfig) -> torch.optim.Adam
         eps=config.adam_eps,
         weight_decay=0.0,
     )
-
-
-def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    """The batch with every tensor on ``device``."""
-    moved = {
-        f.name: getattr(batch, f.name).to(device) if isinstance(getattr(batch, f.name), torch.Tensor)
-        else getattr(batch, f.name)
-        for f in dataclasses.fields(batch)
-    }
-    return TrainBatch(**moved)
 
 
 def _merge(total: dict[str, float], metrics: dict[str, float], tokens: float) -> None:

@@ -38,7 +38,7 @@ class TaskStream:
             return
         if not rl.train_tasks:
             raise ConfigError('rl: no training tasks; set rl.train_tasks = FOLDER or rl.task_family = "tiny"')
-        from opencomposer.envs.tasks import load_suite
+        from opencomposer.tasks.format import load_suite
 
         tasks = load_suite(rl.train_tasks)
         order = np.random.default_rng([config.run.seed, 0x7A5C]).permutation(len(tasks))
@@ -54,8 +54,8 @@ class TaskStream:
             if index >= len(self._tasks):
                 raise IndexError(f"the task stream holds {len(self._tasks)} tasks; position {index} is past its end")
             return self._tasks[index]
-        from opencomposer.envs.generators.tiny import tiny_spec, write_tiny_task
-        from opencomposer.envs.tasks import load_task
+        from opencomposer.tasks.format import load_task
+        from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
 
         spec = tiny_spec(self.config.run.seed, "train", index, self.config.rl.task_family)
         folder = self.root / spec.task_id
@@ -80,12 +80,12 @@ def heldout_tasks(config: Config, run_dir: Path) -> list[Task]:
     """The held-out suite, or an empty list when the run has none."""
     rl = config.rl
     if rl.task_family:
-        from opencomposer.envs.generators.tiny import write_tiny_suite
+        from opencomposer.tasks.generators.tiny import write_tiny_suite
 
         return write_tiny_suite(Path(run_dir) / "tasks" / "heldout", rl.eval_tasks, seed=config.run.seed,
                                 split="heldout", verify=False, family_name=rl.task_family)
     if not rl.eval_suite:
         return []
-    from opencomposer.envs.tasks import load_suite
+    from opencomposer.tasks.format import load_suite
 
     return load_suite(rl.eval_suite)[: rl.eval_tasks]

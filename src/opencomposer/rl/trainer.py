@@ -2,7 +2,7 @@
 
 Order of one step (docs/rl.md, "How a trainer calls them"):
 
-1. ``score``: rows for every scored episode (``rl.batch``); the **reference forward** over them
+1. ``score``: rows for every scored episode (``training.packing``); the **reference forward** over them
    (a frozen copy of the checkpoint RL started from, ``rl.kl.reference = "initial"``; none with
    ``"none"``); the KL penalty coef·Σ_t k(t) per episode, from the sampler's logprobs and the
    reference's (placement ``"reward"``); then each episode's named-term reward
@@ -29,11 +29,11 @@ import torch
 
 from opencomposer.config import Config
 from opencomposer.rl.advantages import episode_advantages
-from opencomposer.rl.batch import SequenceRow, collate, episode_index, episode_rows, micro_batches
-from opencomposer.rl.forward import reference_logprobs
 from opencomposer.rl.kl import sequence_kl_penalty
 from opencomposer.rl.rewards import diff_lines_changed, episode_reward
 from opencomposer.rl.step import make_optimizer, train_step
+from opencomposer.training.forward import reference_logprobs
+from opencomposer.training.packing import SequenceRow, collate, episode_index, episode_rows, micro_batches
 from opencomposer.types import Episode, Group
 
 
@@ -67,7 +67,7 @@ class Trainer:
             self.reference = frozen_copy(model)
         self.optimizer = make_optimizer(model, self.rl)
         self.updates = 0  # optimizer steps applied (skipped steps do not count); drives the warm-up
-        # π is scored at the sampling temperature, as the sampler scores it (rl.forward.token_logprobs)
+        # π is scored at the sampling temperature, as the sampler scores it (training.forward.token_logprobs)
         self.temperature = config.sampling.temperature if config.sampling.temperature > 0 else 1.0
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)

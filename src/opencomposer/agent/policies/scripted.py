@@ -23,8 +23,8 @@ from typing import Any
 
 from opencomposer.agent.policy import Context, PolicyOutput
 from opencomposer.agent.protocol import encode, format_tool_call
-from opencomposer.envs.patch import apply_hunks, parse_patch
 from opencomposer.model.tokenizer import IM_END
+from opencomposer.sandbox.patch import apply_hunks, parse_patch
 from opencomposer.types import Task, ToolCall
 
 ScriptTurn = str | list[ToolCall]

@@ -1,0 +1,11 @@
+"""Tasks: the folder format and everything that makes or checks task folders.
+
+- ``format``: ``load_task``/``load_suite``/``write_task`` (docs/task-format.md);
+- ``importers``/``exporters``: HumanEval, SWE-bench and Harbor in, Harbor and SWE-bench predictions out;
+- ``generators``: verified bug-injection, feature-deletion and refactor tasks, and the tiny family;
+- ``mining``: tasks from a git history;
+- ``validation``: re-grading gold and untouched states; ``stats``: sizes of a suite.
+
+Not here: running an episode on a task (``envs.rollout``) or grading one (``envs.grading``); this
+package sits above ``envs`` and uses them.
+"""

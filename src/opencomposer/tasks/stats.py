@@ -1,0 +1,170 @@
+"""The shape of a task suite beside CursorBench's and SWE-bench's (``opencomposer tasks stats DIR``).
+
+Report §5 (RECIPE.md §8) characterises CursorBench by two medians: **181 lines changed** by the
+reference solution and **390 characters** of prompt, against **7-10 lines** and **1,185-3,055
+characters** for SWE-bench-style public benchmarks. For each task this module measures the same
+quantities:
+
+- ``lines_changed``: lines added plus lines removed by ``solution/gold.patch`` (0 without one:
+  a task answered in words);
+- ``files_touched``: files the gold patch changes (0 without one);
+- ``prompt_chars``: characters of ``instruction.md`` without surrounding whitespace.
+
+``summarize`` gives the median, mean, quartiles, 10th/90th percentiles and range of each;
+``stats_table`` lays them out beside the references; ``plot`` draws one histogram per quantity with
+the suite's median and the reference medians (a band for SWE-bench's range) as a PNG.
+
+Not here: scores of a policy on the suite (``opencomposer.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from opencomposer.sandbox.patch import diff_stats
+from opencomposer.types import Task
+
+METRICS = ("lines_changed", "files_touched", "prompt_chars")
+LABELS = {"lines_changed": "lines changed", "files_touched": "files touched", "prompt_chars": "prompt characters"}
+SHORT = {"lines_changed": "lines", "files_touched": "files", "prompt_chars": "prompt chars"}
+# Report §5: medians of CursorBench, and the range of medians of public benchmarks (SWE-bench family).
+REFERENCES: dict[str, dict[str, float | tuple[float, float]]] = {
+    "lines_changed": {"CursorBench": 181, "SWE-bench": (7, 10)},
+    "prompt_chars": {"CursorBench": 390, "SWE-bench": (1185, 3055)},
+    "files_touched": {},
+}
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    task_id: str
+    lines_changed: int
+    files_touched: int
+    prompt_chars: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    count: int
+    median: float
+    mean: float
+    p10: float
+    p25: float
+    p75: float
+    p90: float
+    minimum: float
+    maximum: float
+
+
+def task_stats(task: Task) -> TaskStats:
+    diff = diff_stats(task.gold_patch or "")
+    return TaskStats(task.id, diff.lines_added + diff.lines_removed, diff.files_changed, len(task.instruction.strip()))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (NumPy's default)."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(rows: list[TaskStats]) -> dict[str, Summary]:
+    if not rows:
+        raise ValueError("no tasks to summarise")
+    result = {}
+    for metric in METRICS:
+        values = [float(getattr(r, metric)) for r in rows]
+        result[metric] = Summary(len(values), statistics.median(values), statistics.fmean(values),
+                                 _quantile(values, 0.1), _quantile(values, 0.25), _quantile(values, 0.75),
+                                 _quantile(values, 0.9), min(values), max(values))
+    return result
+
+
+def _reference(metric: str, name: str) -> str:
+    value = REFERENCES[metric].get(name)
+    if value is None:
+        return "-"
+    return f"{value[0]:,g}-{value[1]:,g}" if isinstance(value, tuple) else f"{value:,g}"
+
+
+def stats_table(summary: dict[str, Summary], title: str):
+    """A rich table: one row per quantity, with the reference medians of report §5."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("quantity", "median", "mean", "p10", "p25", "p75", "p90", "range", "CursorBench", "SWE-bench"):
+        table.add_column(column, justify="left" if column == "quantity" else "right")
+    for metric in METRICS:
+        s = summary[metric]
+        table.add_row(SHORT[metric], f"{s.median:g}", f"{s.mean:.1f}", f"{s.p10:g}", f"{s.p25:g}", f"{s.p75:g}",
+                      f"{s.p90:g}", f"{s.minimum:g}-{s.maximum:g}", _reference(metric, "CursorBench"),
+                      _reference(metric, "SWE-bench"))
+    return table
+
+
+def plot(rows: list[TaskStats], path: Path, title: str) -> Path:
+    """Histograms of the three quantities with the suite median and the reference medians."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarize(rows)
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for axis, metric in zip(axes, METRICS):
+        values = [getattr(r, metric) for r in rows]
+        references = REFERENCES[metric]
+        upper = max([max(values)] + [v[1] if isinstance(v, tuple) else v for v in references.values()])
+        if metric == "files_touched":  # one bar per whole number of files
+            bins = [b - 0.5 for b in range(0, int(max(values)) + 2)]
+        else:
+            bins = [upper * 1.05 * i / 40 for i in range(41)]
+        axis.hist(values, bins=bins, color="#4c72b0", alpha=0.85, label=f"{len(values)} tasks")
+        axis.axvline(summary[metric].median, color="black", linewidth=2,
+                     label=f"median {summary[metric].median:g}")
+        for name, value in references.items():
+            if isinstance(value, tuple):
+                axis.axvspan(value[0], value[1], color="#dd8452", alpha=0.35, label=f"{name} {value[0]:,g}-{value[1]:,g}")
+            else:
+                axis.axvline(value, color="#c44e52", linestyle="--", linewidth=2, label=f"{name} {value:,g}")
+        if metric == "files_touched":
+            axis.set_xlim(-0.5, upper + 0.5)
+        else:
+            axis.set_xlim(0, upper * 1.05)
+        axis.set_xlabel(LABELS[metric])
+        axis.set_ylabel("tasks")
+        axis.legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def main(args: argparse.Namespace) -> int:
+    """``opencomposer tasks stats DIR``: print the table, write the PNG."""
+    from rich.console import Console
+
+    from opencomposer.config import load_recipe
+    from opencomposer.tasks.format import TaskFormatError, load_suite
+
+    try:
+        tasks = load_suite(Path(args.suite))
+    except TaskFormatError as e:
+        print(f"opencomposer tasks stats: {e}", file=sys.stderr)
+        return 2
+    rows = [task_stats(t) for t in tasks]
+    name = Path(args.suite).resolve().name
+    png = Path(args.png) if args.png else load_recipe(args.recipe, args.overrides).run.path / "stats" / f"{name}.png"
+    title = f"{name}: {len(rows)} tasks"
+    Console(width=max(Console().width, 110)).print(stats_table(summarize(rows), title))  # never wrap a row
+    print(f"histogram: {plot(rows, png, title)}")
+    return 0

@@ -1,0 +1,146 @@
+"""Re-check task folders through the real grader: does the gold state still resolve, does the
+untouched repository still fail? (``opencomposer tasks validate DIR``)
+
+``check_task`` grades a task twice with ``envs.grading.grade``, in the sandbox:
+
+- **gold**: the gold patch (with ``solution/answer.md`` as the final message for tasks that must
+  not edit code) must resolve the task;
+- **broken**: no change at all must not resolve it; every FAIL_TO_PASS test must fail and every
+  PASS_TO_PASS test must pass.
+
+A task that breaks one of these has *drifted*: its repository, hidden tests or lists no longer
+agree (a dependency changed, a test became flaky, a file was edited by hand). Generators call
+``check_task`` on every task before keeping it; ``validate_suite`` runs it over a suite with
+parallel workers and a progress bar.
+
+Not here: the format checks of ``tasks check`` (``tasks.format.load_suite`` does those first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opencomposer.config import GradingConfig, SandboxConfig
+from opencomposer.types import Task
+
+
+@dataclass
+class Check:
+    """What grading the gold and the untouched state of one task gave."""
+
+    task_id: str
+    problems: list[str] = field(default_factory=list)
+    gold: dict[str, float] = field(default_factory=dict)
+    broken: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def drifted(self) -> bool:
+        return bool(self.problems)
+
+
+def reference_answer(task: Task) -> str | None:
+    """``solution/answer.md`` of a task folder: the reference final message of a no-edit task."""
+    if task.path is None:
+        return None
+    answer = task.path / "solution" / "answer.md"
+    return answer.read_text(encoding="utf-8") if answer.is_file() else None
+
+
+def check_task(task: Task, sandbox: SandboxConfig | None = None, grading: GradingConfig | None = None) -> Check:
+    """Grade the gold and the untouched state of ``task``; ``problems`` lists every disagreement."""
+    from opencomposer.envs.grading import GradingInfraError, grade
+
+    grading = grading or GradingConfig(lint=False)
+    started = time.monotonic()
+    check = Check(task.id)
+    answer = reference_answer(task)
+    if not task.gold_patch and answer is None:
+        check.problems.append("no solution/gold.patch and no solution/answer.md: nothing to check the task against")
+        return check
+    try:
+        check.gold = grade(task, task.gold_patch or "", answer, sandbox, grading)
+        check.broken = grade(task, "", None, sandbox, grading)
+    except GradingInfraError as e:
+        check.problems.append(f"grading failed: {e}")
+        return check
+    gold, broken = check.gold, check.broken
+    if gold["resolved"] != 1.0:
+        check.problems.append(
+            f"gold does not resolve: FAIL_TO_PASS {gold['fail_to_pass']:.2f}, PASS_TO_PASS "
+            f"{gold['pass_to_pass']:.2f}, rubric {'ok' if gold['rubric_ok'] else 'failed'}"
+            + (", timed out" if gold["test_timed_out"] else "")
+        )
+    if broken["resolved"] != 0.0:
+        check.problems.append("the untouched repository already resolves the task")
+    if task.fail_to_pass and broken["fail_to_pass"] != 0.0:
+        check.problems.append(f"{broken['fail_to_pass']:.0%} of FAIL_TO_PASS already pass without any change")
+    if broken["pass_to_pass"] != 1.0:
+        check.problems.append(f"only {broken['pass_to_pass']:.0%} of PASS_TO_PASS pass without any change")
+    if broken["test_timed_out"]:
+        check.problems.append("the untouched repository's tests time out")
+    check.seconds = time.monotonic() - started
+    return check
+
+
+def validate_suite(
+    tasks: list[Task],
+    sandbox: SandboxConfig | None = None,
+    grading: GradingConfig | None = None,
+    workers: int = 1,
+    progress: bool = True,
+) -> list[Check]:
+    """``check_task`` for every task, ``workers`` at a time; results in the order of ``tasks``."""
+    results: dict[str, Check] = {}
+
+    def run_all(advance) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = {pool.submit(check_task, task, sandbox, grading): task for task in tasks}
+            for future in as_completed(futures):
+                check = future.result()
+                results[check.task_id] = check
+                advance(check)
+
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("drifted {task.fields[drifted]}"))
+        with Progress(*columns) as bar:
+            handle = bar.add_task("validate", total=len(tasks), drifted=0)
+            run_all(lambda c: bar.update(handle, advance=1,
+                                         drifted=sum(r.drifted for r in results.values())))
+    else:
+        run_all(lambda c: None)
+    return [results[task.id] for task in tasks]
+
+
+def main(args: argparse.Namespace) -> int:
+    """``opencomposer tasks validate DIR``: exit 1 when a task drifted, 2 when the suite is unreadable."""
+    from opencomposer.config import load_recipe
+    from opencomposer.tasks.format import TaskFormatError, load_suite
+
+    config = load_recipe(args.recipe, args.overrides)
+    try:
+        tasks = load_suite(Path(args.suite))
+    except TaskFormatError as e:
+        print(f"opencomposer tasks validate: {e}", file=sys.stderr)
+        return 2
+    workers = args.workers or config.tasks.workers
+    grading = GradingConfig(lint=False, timeout_s=config.grading.timeout_s,
+                            per_test_timeout_s=config.grading.per_test_timeout_s)
+    checks = validate_suite(tasks, config.sandbox, grading, workers=workers)
+    drifted = [c for c in checks if c.drifted]
+    if drifted:
+        print(f"{len(drifted)} of {len(checks)} task(s) drifted:")
+        for check in drifted:
+            for problem in check.problems:
+                print(f"  {check.task_id}: {problem}")
+        return 1
+    print(f"all {len(checks)} task(s) hold: gold resolves, the untouched repository does not")
+    return 0

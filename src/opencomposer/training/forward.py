@@ -1,0 +1,131 @@
+"""The trainer's forward pass: log π(target) and the entropy at every position of a ``TrainBatch``.
+
+Agent rollouts repeat a long common prefix: every episode opens with the same system prompt and
+tool list (about 1,300 tokens in our harness, more than all the model tokens of a tiny-family
+episode), and the G rollouts of a task share the instruction too. Recomputing that prefix for
+every row is most of the work, so ``token_logprobs`` runs it **once**:
+
+1. the longest prefix that every row of the micro-batch shares, and that holds no loss target,
+   goes through the model as a single row, keeping its keys and values (``use_cache``);
+2. the cache is repeated to the batch's rows (differentiably: the gradient of every row flows
+   back into the one prefix computation, so this is the same function, not an approximation);
+3. the rows' remaining tokens run on top of it, and logits are kept only from the first position
+   that has a loss target onward (``logits_to_keep``), so the vocabulary projection skips the
+   prompt.
+
+Outputs are ``[rows, seq]`` like the batch; positions outside the computed window hold 0 (their
+targets carry no loss). ``tests/training/test_forward.py`` checks values and gradients against the
+plain full-sequence forward. Works with any transformers causal LM that accepts ``cache=`` and
+``logits_to_keep=`` (Qwen3-MoE, DeepSeek-V3, Llama-family models).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from opencomposer.types import TrainBatch
+
+MIN_SHARED_PREFIX = 16  # below this, one extra forward call costs more than it saves
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor,  # [rows, seq, vocab]
+    target_ids: torch.Tensor,  # [rows, seq]
+) -> tuple[torch.Tensor, torch.Tensor]:  # [rows, seq] differentiable, [rows, seq] detached
+    """log π(target) at each position, and the entropy of π there (for metrics; no gradient).
+    Half-precision logits are upcast to float32 first; float64 stays float64."""
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    logprobs = logp_all.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logprobs, entropy
+
+
+def _first_true(values: torch.Tensor) -> int:
+    """Index of the first True of a 1-D bool tensor, or its length."""
+    hits = values.nonzero()
+    return int(hits[0, 0]) if hits.numel() else values.numel()
+
+
+def first_loss_position(batch: TrainBatch) -> int:
+    """The first position (over all rows) whose target carries loss; ``seq`` when none does."""
+    return _first_true(batch.loss_mask.bool().any(0))
+
+
+def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX) -> int:
+    """How many leading input positions every row shares and no loss target depends on; 0 when
+    sharing is not worth it (one row, or a shorter prefix than ``min_prefix``)."""
+    rows, seq = batch.input_ids.shape
+    if rows < 2:
+        return 0
+    differs = (batch.input_ids != batch.input_ids[:1]).any(0) | (batch.position_ids != batch.position_ids[:1]).any(0)
+    length = min(_first_true(differs), first_loss_position(batch), seq - 1)
+    return length if length >= min_prefix else 0
+
+
+def autocast(device: torch.device, bf16: bool):
+    """bf16 autocast on ``device`` when asked, else nothing (parameters stay in their dtype)."""
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    *,
+    with_entropy: bool = True,
+    bf16: bool = False,
+    share_prefix: bool = True,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [rows, seq] (differentiable), [rows, seq] or None
+    """log π(target_t) at every position, and the entropy of π there (detached, when asked).
+
+    π is the distribution the sampler draws from before any top-p/top-k cut: the model's logits
+    divided by ``temperature`` (the sampler records its logprobs the same way), so at step 0 the
+    trainer's log π equals the sampler's logprobs whatever the sampling temperature."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+    device = next(model.parameters()).device
+    input_ids = batch.input_ids.to(device)
+    position_ids = batch.position_ids.to(device)
+    target_ids = batch.target_ids.to(device)
+    rows, seq = input_ids.shape
+    start = min(first_loss_position(batch), seq - 1)  # logits are needed from here on
+    prefix = shared_prefix_length(batch) if share_prefix else 0
+    with autocast(device, bf16):
+        if prefix:
+            shared = model(input_ids=input_ids[:1, :prefix], position_ids=position_ids[:1, :prefix],
+                           use_cache=True, logits_to_keep=1)
+            cache = shared.cache
+            cache.batch_repeat_interleave(rows)
+            out = model(input_ids=input_ids[:, prefix:], position_ids=position_ids[:, prefix:], cache=cache,
+                        use_cache=True, logits_to_keep=seq - start)
+        else:
+            out = model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=seq - start)
+    logits = out.logits if temperature == 1.0 else out.logits / temperature
+    logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, start:])  # [rows, seq - start]
+    full_logprobs = torch.nn.functional.pad(logprobs, (start, 0))
+    full_entropy = torch.nn.functional.pad(entropy, (start, 0)) if with_entropy else None
+    return full_logprobs, full_entropy
+
+
+@torch.no_grad()
+def reference_logprobs(model: torch.nn.Module, batch: TrainBatch, bf16: bool = False,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """log π_ref(target) on ``batch`` (no graph), ``[rows, seq]`` float32 on the CPU."""
+    logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=bf16, temperature=temperature)
+    return logprobs.float().cpu()
+
+
+def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    """The batch with every tensor on ``device``."""
+    moved = {
+        f.name: getattr(batch, f.name).to(device) if isinstance(getattr(batch, f.name), torch.Tensor)
+        else getattr(batch, f.name)
+        for f in dataclasses.fields(batch)
+    }
+    return TrainBatch(**moved)

@@ -1,0 +1,152 @@
+"""From episodes to ``TrainBatch``es: exact token ids, model-token mask, one advantage per episode.
+
+Token in, token out (DESIGN.md principle 3): a row is one ``Segment`` of one episode, its ids
+exactly ``segment.token_ids()`` (the prompt the engine saw, every sampled turn, every tool-output
+id the environment appended). Next-token prediction shifts by one: a row of T context tokens
+gives T-1 positions whose inputs are ``ids[:-1]`` and targets ``ids[1:]``. The loss mask is 1 on
+targets the model sampled (thinking, tool calls, final messages, summaries) and 0 on prompts,
+tool outputs and padding. Every model token of an episode carries the episode's advantage, in
+every segment of a self-summary chain (report §4.1, §5: "the final reward applies to every model
+token in the chain"). Sampler logprobs travel with the targets they scored.
+
+Rows are packed one per batch row, right-padded, sorted by length and cut into micro-batches of
+at most ``max_tokens`` padded positions; right padding needs no attention mask (causal attention
+never looks forward, and padded targets carry no loss). The forward pass (``training.forward``) then
+computes the prefix that all rows of a micro-batch share (the system prompt and tool list) once.
+
+This module builds tensors only; it runs no model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from opencomposer.types import Episode, TrainBatch
+
+
+@dataclass
+class SequenceRow:
+    """One segment of one episode, ready to collate. Arrays are ``[T - 1]``, aligned with targets."""
+
+    episode: int  # index of the episode in the step's list
+    input_ids: np.ndarray  # int64, ids[:-1]
+    target_ids: np.ndarray  # int64, ids[1:]
+    loss_mask: np.ndarray  # bool, the target was sampled by the model
+    sampler_logprobs: np.ndarray  # float32, the sampler's log-prob of each model target (0 elsewhere)
+    advantage: float = 0.0
+    ref_logprobs: np.ndarray | None = None  # float32, log π_ref(target), filled by the reference forward
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def model_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def segment_arrays(segment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids [T], model mask [T], sampler logprobs [T]) of one segment, in context order."""
+    ids = np.asarray(segment.token_ids(), dtype=np.int64)
+    mask = np.asarray(segment.loss_mask(), dtype=bool)
+    logprobs = np.zeros(len(ids), dtype=np.float32)
+    position = len(segment.prompt_ids)
+    for turn in segment.turns:
+        if len(turn.logprobs) != len(turn.token_ids):
+            raise ValueError(f"turn has {len(turn.token_ids)} token ids but {len(turn.logprobs)} logprobs")
+        logprobs[position : position + len(turn.token_ids)] = turn.logprobs
+        position += len(turn.token_ids) + len(turn.observation_ids)
+    return ids, mask, logprobs
+
+
+def episode_rows(episodes: list[Episode], advantages: list[float | None] | None = None) -> list[SequenceRow]:
+    """One row per segment with at least one model token; episodes whose advantage is None are
+    left out (infrastructure failures, dropped groups). Without ``advantages`` every episode is
+    kept with advantage 0 (for the reference forward, which comes before the advantages)."""
+    rows = []
+    for index, episode in enumerate(episodes):
+        advantage = 0.0 if advantages is None else advantages[index]
+        if advantage is None:
+            continue
+        for segment in episode.segments:
+            ids, mask, logprobs = segment_arrays(segment)
+            if len(ids) < 2 or not mask[1:].any():
+                continue
+            rows.append(
+                SequenceRow(
+                    episode=index,
+                    input_ids=ids[:-1],
+                    target_ids=ids[1:],
+                    loss_mask=mask[1:],
+                    sampler_logprobs=logprobs[1:],
+                    advantage=float(advantage),
+                )
+            )
+    return rows
+
+
+def micro_batches(rows: list[SequenceRow], max_tokens: int) -> list[list[SequenceRow]]:
+    """Rows sorted by length (longest first) and cut so that rows × longest ≤ ``max_tokens``
+    (a row longer than the budget gets a micro-batch of its own). Deterministic."""
+    order = sorted(range(len(rows)), key=lambda i: (-len(rows[i]), i))
+    batches: list[list[SequenceRow]] = []
+    current: list[SequenceRow] = []
+    for i in order:
+        row = rows[i]
+        width = len(current[0]) if current else len(row)
+        if current and (len(current) + 1) * width > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(row)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> TrainBatch:
+    """Right-pad ``rows`` into one ``TrainBatch`` ``[rows, longest]``.
+
+    One sequence per row, so ``segment_ids`` is all zeros (padding is excluded by ``loss_mask``);
+    ``ref_logprobs`` is set when every row has them.
+    """
+    if not rows:
+        raise ValueError("collate: no rows")
+    width = max(len(row) for row in rows)
+    shape = (len(rows), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    target_ids = torch.full(shape, pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(shape, dtype=torch.bool)
+    advantages = torch.zeros(shape, dtype=torch.float32)
+    sampler = torch.zeros(shape, dtype=torch.float32)
+    segment_ids = torch.zeros(shape, dtype=torch.long)
+    with_ref = all(row.ref_logprobs is not None for row in rows)
+    ref = torch.zeros(shape, dtype=torch.float32) if with_ref else None
+    for r, row in enumerate(rows):
+        n = len(row)
+        input_ids[r, :n] = torch.from_numpy(row.input_ids)
+        target_ids[r, :n] = torch.from_numpy(row.target_ids)
+        mask = torch.from_numpy(row.loss_mask)
+        loss_mask[r, :n] = mask
+        advantages[r, :n] = mask * row.advantage
+        sampler[r, :n] = torch.from_numpy(row.sampler_logprobs)
+        if ref is not None:
+            ref[r, :n] = torch.from_numpy(row.ref_logprobs)
+    position_ids = torch.arange(width).expand(shape).clone()
+    return TrainBatch(
+        input_ids=input_ids,
+        target_ids=target_ids,
+        loss_mask=loss_mask,
+        advantages=advantages,
+        sampler_logprobs=sampler,
+        position_ids=position_ids,
+        segment_ids=segment_ids,
+        ref_logprobs=ref,
+        num_episodes=num_episodes or len({row.episode for row in rows}),
+    )
+
+
+def episode_index(rows: list[SequenceRow], width: int) -> torch.Tensor:
+    """``[rows, width]`` long tensor: the episode each position belongs to (for per-episode sums)."""
+    return torch.tensor([row.episode for row in rows], dtype=torch.long)[:, None].expand(len(rows), width)

@@ -1,0 +1,293 @@
+"""The sandbox really blocks what model-written code must not do: each test attempts the escape."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from opencomposer.config import SandboxConfig
+from opencomposer.sandbox import workspace as sandbox_module
+from opencomposer.sandbox.workspace import (
+    PathOutsideWorkspace,
+    Sandbox,
+    SandboxError,
+    SandboxUnavailable,
+    bwrap_available,
+)
+
+pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+
+
+def processes_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "mod.py").write_text("VALUE = 1\n")
+    (root / "README.md").write_text("hello\n")
+    (root / "pkg" / "__pycache__").mkdir()
+    (root / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0stale bytecode")
+    return root
+
+
+def test_command_runs_in_the_workspace_as_an_unprivileged_user(repo: Path):
+    with Sandbox(repo) as sb:
+        result = sb.run("pwd; id -u; cat pkg/mod.py; ls pkg; python -c 'print(6 * 7)'")
+    assert result.exit_code == 0 and not result.timed_out and not result.truncated
+    assert result.output == "/workspace\n1000\nVALUE = 1\nmod.py\n42\n"  # caches were not copied in
+
+
+def test_exit_code_and_stderr_are_reported(repo: Path):
+    with Sandbox(repo) as sb:
+        result = sb.run("echo out; echo err >&2; exit 7")
+    assert (result.exit_code, result.output) == (7, "out\nerr\n")
+
+
+def test_network_is_unreachable(repo: Path):
+    probe = (
+        "import socket\n"
+        "for host in [('1.1.1.1', 80), ('8.8.8.8', 53)]:\n"
+        "    try:\n"
+        "        socket.create_connection(host, timeout=3)\n"
+        "        print('CONNECTED')\n"
+        "    except OSError as e:\n"
+        "        print('blocked', e.errno)\n"
+        "print(sorted(__import__('os').listdir('/sys/class/net')) if __import__('os').path.exists('/sys/class/net') else 'no sysfs')\n"
+    )
+    with Sandbox(repo) as sb:
+        (sb.workspace / "probe.py").write_text(probe)
+        result = sb.run("python probe.py")
+    assert "CONNECTED" not in result.output
+    assert result.output.splitlines()[:2] == ["blocked 101", "blocked 101"]  # ENETUNREACH: loopback only
+
+
+def test_writes_outside_the_workspace_do_not_reach_the_host(repo: Path, tmp_path: Path):
+    marker = f"oc-escape-{uuid.uuid4().hex[:8]}"
+    host_targets = [Path("/tmp") / marker, tmp_path / marker, Path(os.path.realpath(__import__("sys").prefix)) / marker]
+    commands = "; ".join(f"echo x > {t} 2>/dev/null && echo WROTE {t}" for t in host_targets)
+    with Sandbox(repo) as sb:
+        result = sb.run(f"{commands}; touch /{marker} 2>&1; touch /usr/{marker} 2>&1; echo ok > /tmp/{marker}-inside && echo tmp-private")
+    assert "WROTE" not in result.output.replace(f"WROTE /tmp/{marker}", "")  # /tmp inside is private
+    assert "Read-only file system" in result.output and "tmp-private" in result.output
+    for target in host_targets:
+        assert not target.exists(), f"{target} appeared on the host"
+    assert not (Path("/tmp") / f"{marker}-inside").exists()
+
+
+def test_hard_links_to_bound_files_are_refused(repo: Path):
+    """A hard link in the workspace would let host-side tools write through to a host file."""
+    with Sandbox(repo) as sb:
+        result = sb.run("ln /usr/bin/env a; ln /etc/passwd b; ln \"$(command -v python)\" c; ls")
+    assert result.output.count("Invalid cross-device link") == 3
+    assert result.output.splitlines()[-2:] == ["README.md", "pkg"]
+
+
+def test_files_outside_the_binds_cannot_be_read(repo: Path, tmp_path: Path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET\n")
+    source_file = Path(__file__).resolve()
+    with Sandbox(repo) as sb:
+        result = sb.run(f"cat {secret} {source_file} /etc/shadow /root/.bash_history 2>&1; ls /home 2>&1; cat /proc/1/cmdline | tr '\\0' ' '")
+    assert "TOP-SECRET" not in result.output
+    assert result.output.count("No such file or directory") == 5
+    assert "bwrap" in result.output  # pid 1 is the jail's own init, not the host's
+
+
+def test_fork_bomb_is_contained_and_leaves_nothing(repo: Path):
+    config = SandboxConfig(max_processes=64)
+    marker = f"ocbomb{uuid.uuid4().hex[:6]}"
+    bomb = f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 3; echo survived"
+    with Sandbox(repo, config) as sb:
+        started = time.monotonic()
+        result = sb.run(bomb, timeout_s=20)
+        elapsed = time.monotonic() - started
+        cgroup = sb._cgroup
+        if cgroup is not None:
+            assert int((cgroup / "pids.peak").read_text()) <= 64
+    assert "survived" in result.output and elapsed < 15
+    assert "fork" in result.output.lower() or "resource temporarily unavailable" in result.output.lower()
+    assert processes_with(marker) == []
+
+
+def test_memory_hog_fails_inside_the_sandbox(repo: Path):
+    with Sandbox(repo, SandboxConfig(memory_mb=512)) as sb:
+        result = sb.run("python -c 'x = bytearray(2 << 30); print(len(x))'")
+    assert result.exit_code == 1 and "MemoryError" in result.output
+
+
+def test_endless_loop_is_killed_at_the_wall_clock_limit(repo: Path):
+    with Sandbox(repo) as sb:
+        result = sb.run("while true; do :; done", timeout_s=1)
+    assert result.timed_out and result.exit_code == 137
+    assert 1.0 <= result.duration_s < 3.0
+
+
+def test_cpu_time_limit_kills_a_busy_process(repo: Path):
+    with Sandbox(repo, SandboxConfig(cpu_s=1)) as sb:
+        result = sb.run("python -c 'while True: pass'", timeout_s=20)
+    assert not result.timed_out and result.exit_code in (137, 152)  # SIGKILL or SIGXCPU
+    assert result.duration_s < 10
+
+
+def test_huge_output_is_capped_keeping_head_and_tail(repo: Path):
+    config = SandboxConfig(output_limit_bytes=2000, max_output_mb=1)
+    with Sandbox(repo, config) as sb:
+        finite = sb.run("seq 1 100000")
+        endless = sb.run("yes", timeout_s=30)
+    assert finite.truncated and finite.exit_code == 0
+    assert finite.output.startswith("1\n2\n3\n") and finite.output.endswith("99999\n100000\n")
+    assert "bytes of output omitted" in finite.output and len(finite.output) < 2200
+    assert endless.truncated and not endless.timed_out and endless.duration_s < 10
+    assert "printed more than 1 MiB" in endless.output and len(endless.output) < 2300
+
+
+def test_file_size_limit(repo: Path):
+    with Sandbox(repo, SandboxConfig(file_size_mb=1)) as sb:
+        result = sb.run("head -c 5000000 /dev/zero > big.bin; echo $?")
+        size = (sb.workspace / "big.bin").stat().st_size
+    assert size <= 1 << 20 and result.output.strip().splitlines()[-1] != "0"
+
+
+def test_no_process_survives_a_command_or_close(repo: Path):
+    marker = f"oc-left-{uuid.uuid4().hex[:8]}"
+    with Sandbox(repo) as sb:
+        result = sb.run(
+            f"(exec -a {marker}-a sleep 1000) & nohup bash -c 'exec -a {marker}-b sleep 1000' >/dev/null 2>&1 & "
+            f"setsid bash -c 'exec -a {marker}-c sleep 1000' & echo started"
+        )
+        assert result.output.strip() == "started" and result.duration_s < 5
+        time.sleep(0.2)
+        assert processes_with(marker) == []
+        root = sb.root
+    assert processes_with(marker) == [] and not root.exists()
+
+
+def test_diff_shows_added_changed_and_deleted_files(repo: Path):
+    with Sandbox(repo) as sb:
+        sb.run("echo 'VALUE = 2' > pkg/mod.py; rm README.md; printf 'new\\nfile' > notes.txt; mkdir -p .pytest_cache; touch .pytest_cache/x")
+        diff = sb.diff()
+    assert diff == (
+        "diff --git a/README.md b/README.md\n"
+        "deleted file mode 100644\n"
+        "--- a/README.md\n"
+        "+++ /dev/null\n"
+        "@@ -1 +0,0 @@\n"
+        "-hello\n"
+        "diff --git a/notes.txt b/notes.txt\n"
+        "new file mode 100644\n"
+        "--- /dev/null\n"
+        "+++ b/notes.txt\n"
+        "@@ -0,0 +1,2 @@\n"
+        "+new\n"
+        "+file\n"
+        "\\ No newline at end of file\n"
+        "diff --git a/pkg/mod.py b/pkg/mod.py\n"
+        "--- a/pkg/mod.py\n"
+        "+++ b/pkg/mod.py\n"
+        "@@ -1 +1 @@\n"
+        "-VALUE = 1\n"
+        "+VALUE = 2\n"
+    )
+
+
+def test_resolve_keeps_paths_inside_the_workspace(repo: Path):
+    with Sandbox(repo) as sb:
+        sb.run("ln -s /etc/passwd leak; ln -s .. up; ln -s pkg inner")
+        assert sb.resolve("pkg/mod.py") == sb.workspace / "pkg" / "mod.py"
+        assert sb.resolve("/workspace/pkg/mod.py") == sb.workspace / "pkg" / "mod.py"
+        assert sb.resolve("inner/mod.py") == sb.workspace / "pkg" / "mod.py"
+        for bad in ("../x", "pkg/../../x", "/etc/passwd", "leak", "up/x", "", "a\0b"):
+            with pytest.raises(PathOutsideWorkspace):
+                sb.resolve(bad)
+
+
+def test_close_twice_and_run_after_close(repo: Path):
+    sb = Sandbox(repo)
+    sb.close()
+    sb.close()
+    with pytest.raises(SandboxError, match="closed sandbox"):
+        sb.run("true")
+
+
+def test_a_jail_that_cannot_be_set_up_is_a_sandbox_error(repo: Path):
+    with Sandbox(repo, workdir="/proc/sys/oc-cannot-mount-here") as sb:
+        with pytest.raises(SandboxError, match="bubblewrap failed"):
+            sb.run("true")
+
+
+def test_missing_bwrap_refuses_unless_isolation_none(repo: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(sandbox_module, "BWRAP", "bwrap-not-installed-anywhere")
+    monkeypatch.setattr(sandbox_module, "_BWRAP_OK", None)
+    with pytest.raises(SandboxUnavailable, match="isolation = \"none\""):
+        Sandbox(repo)
+    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+        with Sandbox(repo, SandboxConfig(isolation="none")) as sb:
+            result = sb.run("cat pkg/mod.py; sleep 5", timeout_s=1)
+    assert result.output == "VALUE = 1\n" and result.timed_out
+
+
+def _timed_runs(repo: Path, commands: list[tuple[str, float]], limit: int) -> list[tuple[float, float, object]]:
+    """Run each (command, timeout) in its own sandbox and thread; (start, end, result) of each run
+    on the host clock, the start taken as end minus the command's own duration."""
+    import threading
+
+    config = SandboxConfig(max_concurrent=limit)
+    sandboxes = [Sandbox(repo, config) for _ in commands]
+    spans: list = [None] * len(commands)
+
+    def one(i: int) -> None:
+        result = sandboxes[i].run(commands[i][0], timeout_s=commands[i][1])
+        end = time.monotonic()
+        spans[i] = (end - result.duration_s, end, result)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(commands))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for sb in sandboxes:
+        sb.close()
+    return spans
+
+
+def test_commands_over_all_sandboxes_wait_for_one_of_max_concurrent_slots(repo: Path):
+    spans = _timed_runs(repo, [("sleep 0.4", 10.0)] * 5, limit=2)
+    assert all(result.exit_code == 0 for _, _, result in spans)
+    events = sorted([(start, 1) for start, _, _ in spans] + [(end, -1) for _, end, _ in spans])
+    running, peak = 0, 0
+    for _, change in events:  # an end sorts before a start at the same instant
+        running += change
+        peak = max(peak, running)
+    assert peak == 2  # five sandboxes, never more than two commands at once
+
+
+def test_waiting_for_a_slot_does_not_count_toward_the_timeout(repo: Path):
+    # One slot: whichever command goes second waits ~1 s, then runs ~1 s, past its 1.5 s limit
+    # if the wait counted.
+    spans = _timed_runs(repo, [("sleep 1.0", 1.5), ("sleep 1.0", 1.5)], limit=1)
+    assert all(result.exit_code == 0 and not result.timed_out for _, _, result in spans)
+    (start_a, end_a, _), (start_b, end_b, _) = spans
+    assert min(end_a, end_b) <= max(start_a, start_b) + 0.05  # one after the other
+
+
+def test_max_concurrent_must_not_be_negative():
+    from opencomposer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="max_concurrent"):
+        SandboxConfig(max_concurrent=-1).validate()

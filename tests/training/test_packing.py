@@ -1,0 +1,74 @@
+"""Packing episodes into TrainBatches: exact ids, model-token mask, one advantage per episode."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from opencomposer.training.packing import collate, episode_index, episode_rows, micro_batches, segment_arrays
+from opencomposer.types import Episode, EpisodeStatus, Segment, TokenKind, Turn
+
+T, C, OUT = TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.TOOL_OUTPUT
+
+
+def turn(ids, logprobs, observation=()):
+    return Turn(token_ids=list(ids), logprobs=list(logprobs), token_kinds=[C] * len(ids),
+                observation_ids=list(observation), observation_kinds=[OUT] * len(observation))
+
+
+def summary_chain_episode() -> Episode:
+    """Two segments (a self-summary chain): the second opens with a fresh prompt."""
+    first = Segment(prompt_ids=[1, 2, 3], turns=[turn([10, 11], [-0.5, -0.25], observation=[20, 21]),
+                                                 turn([12], [-1.0])])
+    second = Segment(prompt_ids=[4, 5], turns=[turn([13, 14, 15], [-0.1, -0.2, -0.3])])
+    return Episode(task_id="t", segments=[first, second])
+
+
+def test_segment_arrays_are_the_exact_context_with_sampler_logprobs_on_model_tokens():
+    ids, mask, logprobs = segment_arrays(summary_chain_episode().segments[0])
+    assert ids.tolist() == [1, 2, 3, 10, 11, 20, 21, 12]
+    assert mask.tolist() == [False, False, False, True, True, False, False, True]
+    np.testing.assert_array_equal(logprobs, np.array([0, 0, 0, -0.5, -0.25, 0, 0, -1.0], dtype=np.float32))
+
+
+def test_every_segment_is_a_row_and_every_model_token_carries_the_episode_advantage():
+    episodes = [summary_chain_episode(), summary_chain_episode()]
+    rows = episode_rows(episodes, [0.75, -0.75])
+    assert [row.episode for row in rows] == [0, 0, 1, 1]
+    first, second = rows[0], rows[1]
+    assert first.input_ids.tolist() == [1, 2, 3, 10, 11, 20, 21]  # inputs: ids[:-1]
+    assert first.target_ids.tolist() == [2, 3, 10, 11, 20, 21, 12]  # targets: ids[1:]
+    assert first.loss_mask.tolist() == [False, False, True, True, False, False, True]
+    assert second.target_ids.tolist() == [5, 13, 14, 15] and second.loss_mask.tolist() == [False, True, True, True]
+    batch = collate(rows, pad_id=0)
+    assert batch.input_ids.shape == (4, 7) and batch.num_episodes == 2
+    # the summary segment's tokens get the same advantage as the first segment's
+    assert batch.advantages[0][batch.loss_mask[0]].tolist() == [0.75] * 3
+    assert batch.advantages[1][batch.loss_mask[1]].tolist() == [0.75] * 3
+    assert batch.advantages[3][batch.loss_mask[3]].tolist() == [-0.75] * 3
+    assert float(batch.advantages[~batch.loss_mask].abs().sum()) == 0.0
+    torch.testing.assert_close(batch.sampler_logprobs[1, :4], torch.tensor([0.0, -0.1, -0.2, -0.3]), rtol=0, atol=0)
+    assert batch.input_ids[1, 4:].tolist() == [0, 0, 0] and not batch.loss_mask[1, 4:].any()  # right padding
+    assert episode_index(rows, 7)[:, 0].tolist() == [0, 0, 1, 1]
+
+
+def test_episodes_without_advantage_and_rows_without_model_tokens_are_left_out():
+    failed = summary_chain_episode()
+    failed.status = EpisodeStatus.INFRA_ERROR
+    prompt_only = Episode(task_id="t", segments=[Segment(prompt_ids=[1, 2, 3])])
+    rows = episode_rows([failed, summary_chain_episode(), prompt_only], [None, 0.5, 0.0])
+    assert [row.episode for row in rows] == [1, 1]
+
+
+def test_micro_batches_respect_the_token_budget_and_are_deterministic():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 40, size=25)
+    episodes = [Episode(task_id="t", segments=[Segment(prompt_ids=[1, 2], turns=[turn(range(5, 5 + n - 2), [-0.1] * (n - 2))])])
+                for n in lengths]
+    rows = episode_rows(episodes, [1.0] * len(episodes))
+    chunks = micro_batches(rows, max_tokens=100)
+    assert sorted(row.episode for chunk in chunks for row in chunk) == list(range(25))
+    for chunk in chunks:
+        assert len(chunk) * max(len(r) for r in chunk) <= 100 or len(chunk) == 1
+    assert [[r.episode for r in c] for c in chunks] == [[r.episode for r in c] for c in micro_batches(rows, 100)]
+    assert torch.equal(collate(chunks[0], 0).input_ids, collate(chunks[0], 0).input_ids)
