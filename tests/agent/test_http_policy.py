@@ -12,7 +12,7 @@ from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policies.http import OpenAIPolicy
 from opencomposer.agent.policy import PolicyError, make_policy
 from opencomposer.config import Config, HttpPolicyConfig, load_recipe
-from opencomposer.sandbox.workspace import Sandbox, bwrap_available
+from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import load_task
 from opencomposer.types import EpisodeStatus
 
@@ -69,7 +69,7 @@ def config(monkeypatch: pytest.MonkeyPatch):
                             input_cost_per_mtok=2.0, output_cost_per_mtok=10.0)
 
 
-@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+@pytest.mark.bwrap
 def test_episode_with_native_tool_calls_retries_and_cost(config: HttpPolicyConfig):
     old, new = "    return a - b", "    return a + b"
     server = FakeServer([
@@ -99,7 +99,7 @@ def test_episode_with_native_tool_calls_retries_and_cost(config: HttpPolicyConfi
     assert episode.metrics["cost"] == pytest.approx((3000 * 2.0 + 70 * 10.0) / 1e6)
 
 
-@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+@pytest.mark.bwrap
 def test_bad_arguments_are_a_format_error_and_cost_budget_stops(config: HttpPolicyConfig):
     server = FakeServer([tool_reply("c1", "edit", "{not json", prompt_tokens=500_000, completion_tokens=0)] * 3)
     config.base_url = server.url
@@ -140,3 +140,82 @@ def test_policy_specs():
         make_policy("gpt", Config())
     with pytest.raises(PolicyError, match="no model name"):
         make_policy("openai", Config())
+
+
+def _context(messages=None):
+    from opencomposer.types import Context, Message, Task
+
+    messages = messages or [Message("system", "Be brief."), Message("user", "Fix calc.py")]
+    return Context(task=Task(id="t", instruction="x", repo=FIXTURES), messages=messages, token_ids=None,
+                   turn_index=0, max_new_tokens=10)
+
+
+def test_the_token_cap_falls_back_to_max_tokens_once_and_for_good(config: HttpPolicyConfig):
+    refusal = {"error": {"message": "Unsupported parameter: 'max_completion_tokens' is not supported with this "
+                                    "model. Use 'max_tokens' instead.", "type": "invalid_request_error"}}
+    server = FakeServer([(400, refusal), tool_reply("c1", "finish", "{}"), tool_reply("c2", "finish", "{}"),
+                         (400, {"error": {"message": "messages: too long"}})])
+    config.base_url = server.url
+    policy = OpenAIPolicy(config, model="m")
+    try:
+        policy.act(_context())
+        policy.act(_context())
+        with pytest.raises(PolicyError, match="answered 400"):  # another 400 is not retried
+            policy.act(_context())
+    finally:
+        server.close()
+    caps = [{k: r["body"].get(k) for k in ("max_completion_tokens", "max_tokens")} for r in server.requests]
+    assert caps == [{"max_completion_tokens": 10, "max_tokens": None}] + [{"max_completion_tokens": None,
+                                                                           "max_tokens": 10}] * 3
+
+
+def test_without_native_tools_the_tools_travel_in_the_prompt(config: HttpPolicyConfig, tokenizer):
+    """``agent.http.native_tools = false``: no ``tools`` in the request, and the messages render to
+    the same prompt text as the native request would (tools listed by the template)."""
+    from opencomposer.agent.protocol import SYSTEM_PROMPT, TokenTranscript, text_protocol_messages
+    from opencomposer.agent.tools import tool_schemas
+    from opencomposer.types import Message, ToolCall
+
+    transcript = [
+        Message("system", SYSTEM_PROMPT), Message("user", "Fix calc.py"),
+        Message("assistant", "Two reads.", tool_calls=[ToolCall("read_file", {"path": "a.py"}, id="c1"),
+                                                       ToolCall("list_dir", {"path": "."}, id="c2")]),
+        Message("tool", "x = 1", tool_call_id="c1"), Message("tool", "a.py (6 bytes)", tool_call_id="c2"),
+        Message("assistant", '<tool_call>\n{"name": "finish", "arguments": {}}\n</tool_call>'),
+    ]
+    native = TokenTranscript(tokenizer, tool_schemas(), transcript).prompt_text
+    as_text = TokenTranscript(tokenizer, [], text_protocol_messages(transcript, tool_schemas())).prompt_text
+    assert as_text == native
+    without_system = TokenTranscript(tokenizer, [], text_protocol_messages(transcript[1:2], tool_schemas()))
+    assert without_system.prompt_text == TokenTranscript(tokenizer, tool_schemas(), transcript[1:2]).prompt_text
+
+    server = FakeServer([(200, {"choices": [{"finish_reason": "stop", "message": {
+        "role": "assistant", "content": '<tool_call>\n{"name": "finish", "arguments": {}}\n</tool_call>'}}]})])
+    config.base_url, config.native_tools = server.url, False
+    try:
+        output = OpenAIPolicy(config, model="m").act(_context(transcript[:5]))
+    finally:
+        server.close()
+    body = server.requests[0]["body"]
+    assert "tools" not in body
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
+    assert body["messages"][0]["content"].startswith(SYSTEM_PROMPT + "\n\n# Tools")
+    assert body["messages"][3]["content"] == "<tool_response>\nx = 1\n</tool_response>\n<tool_response>\na.py (6 bytes)\n</tool_response>"
+    assert output.tool_calls is None and output.text.startswith("<tool_call>")  # the loop parses the text
+
+
+@pytest.mark.bwrap
+def test_reasoning_content_is_recorded_with_the_turn(config: HttpPolicyConfig):
+    _, reply = tool_reply("c1", "finish", '{"message": "done"}')
+    reply["choices"][0]["message"]["reasoning_content"] = "Nothing to change."
+    server = FakeServer([(200, reply)])
+    config.base_url = server.url
+    task = load_task(FIXTURES / "fix-add")
+    try:
+        with Sandbox(task.repo) as sandbox:
+            episode = AgentLoop(OpenAIPolicy(config, model="m"), task, sandbox).run()
+    finally:
+        server.close()
+    assert episode.status == EpisodeStatus.OK
+    assert episode.turns[0].text == "<think>Nothing to change.</think>\n"
+    assert episode.segments[0].messages[2].content == ""  # the thinking is not sent back to the server

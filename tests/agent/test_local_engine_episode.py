@@ -14,13 +14,13 @@ from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.protocol import message_dicts
 from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import ModelConfig, SamplingConfig
-from opencomposer.sandbox.workspace import Sandbox, bwrap_available
+from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import load_task
 from opencomposer.types import MODEL_KINDS, EpisodeStatus, TokenKind
 
 from .conftest import FIXTURES
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")]
+pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
 
 
 class RecordingEngine:

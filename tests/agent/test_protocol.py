@@ -67,7 +67,7 @@ FUZZ_TEXT = st.lists(TEXT_PIECES, max_size=40).map("".join)
 
 def check_parse(text: str) -> None:
     parsed = parse_turn(text)
-    assert (parsed.error is None) == bool(parsed.calls) or parsed.error is not None
+    assert (parsed.error is None) == bool(parsed.calls), (text, parsed.error, parsed.calls)  # one or the other
     for start, end, _ in parsed.spans:
         assert 0 <= start < end <= len(text) and text.startswith("<tool_call>", start)
     for call in parsed.calls:

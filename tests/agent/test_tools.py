@@ -9,10 +9,8 @@ import pytest
 
 from opencomposer.agent.errors import Submitted
 from opencomposer.agent.tools import Toolbox, ToolError, check_arguments
-from opencomposer.sandbox.workspace import Sandbox, bwrap_available
+from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.types import ToolCall
-
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
 
 
 @pytest.fixture
@@ -29,6 +27,7 @@ def run(box: Toolbox, name: str, **arguments) -> str:
     return box.execute(ToolCall(name, arguments))
 
 
+@pytest.mark.bwrap
 def test_read_file_numbers_lines_and_pages(box: Toolbox):
     assert run(box, "read_file", path="src/app.py") == (
         "     1\tdef f():\n     2\t    return 1\n     3\t\n     4\t\n     5\tdef g():\n     6\t    return 1"
@@ -40,6 +39,7 @@ def test_read_file_numbers_lines_and_pages(box: Toolbox):
         run(box, "read_file", path="notes.md", offset=9)
 
 
+@pytest.mark.bwrap
 def test_list_dir_and_grep(box: Toolbox):
     assert run(box, "list_dir", path=".") == "notes.md (25 bytes)\nsrc/"
     assert run(box, "grep", pattern="return [0-9]") == "src/app.py:2:    return 1\nsrc/app.py:6:    return 1"
@@ -49,6 +49,7 @@ def test_list_dir_and_grep(box: Toolbox):
         run(box, "grep", pattern="([")
 
 
+@pytest.mark.bwrap
 def test_edit_needs_one_exact_match(box: Toolbox):
     with pytest.raises(ToolError, match=r"occurs 2 times in src/app.py \(at lines 2, 6\)"):
         run(box, "edit", path="src/app.py", old="    return 1", new="    return 2")
@@ -62,12 +63,14 @@ def test_edit_needs_one_exact_match(box: Toolbox):
     assert box.sandbox.workspace.joinpath("src/app.py").read_text().endswith("def g():\n    return 2\n")
 
 
+@pytest.mark.bwrap
 def test_write_file_creates_folders(box: Toolbox):
     assert run(box, "write_file", path="pkg/sub/new.py", content="a\nb\n") == "Created pkg/sub/new.py (2 lines)."
     assert run(box, "write_file", path="pkg/sub/new.py", content="c") == "Overwrote pkg/sub/new.py (1 lines)."
     assert box.sandbox.workspace.joinpath("pkg/sub/new.py").read_text() == "c"
 
 
+@pytest.mark.bwrap
 def test_run_reports_exit_code_and_timeouts(box: Toolbox):
     assert run(box, "run", command="echo hi; exit 3") == "hi\n[exit code 3]"
     assert run(box, "run", command="true") == "[exit code 0]"
@@ -76,6 +79,7 @@ def test_run_reports_exit_code_and_timeouts(box: Toolbox):
         run(box, "run", command="true", timeout_s=10_000)
 
 
+@pytest.mark.bwrap
 def test_finish_submits(box: Toolbox):
     with pytest.raises(Submitted, match="all done"):
         run(box, "finish", message="all done")
@@ -100,6 +104,7 @@ def test_argument_checks_are_strict(call: ToolCall, problem: str):
     assert problem in str(info.value)
 
 
+@pytest.mark.bwrap
 def test_paths_and_symlinks_cannot_leave_the_workspace(box: Toolbox, tmp_path: Path):
     outside = tmp_path / "outside.txt"
     outside.write_text("HOST FILE\n")
@@ -121,6 +126,7 @@ def test_paths_and_symlinks_cannot_leave_the_workspace(box: Toolbox, tmp_path: P
     assert run(box, "grep", pattern="HOST") == "no matches for 'HOST' in ."  # grep does not follow the link out
 
 
+@pytest.mark.bwrap
 def test_special_files_are_refused_without_blocking(box: Toolbox):
     box.sandbox.run("mkfifo pipe; printf 'a\\0b' > blob.bin")
     done = threading.Event()

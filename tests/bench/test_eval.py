@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +15,13 @@ from opencomposer.bench.eval import run_eval
 from opencomposer.bench.summary import summarize, wilson_interval
 from opencomposer.cli import main
 from opencomposer.config import Config
-from opencomposer.sandbox.workspace import bwrap_available
 from opencomposer.tasks.format import load_suite
+from opencomposer.types import Grade
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
-needs_sandbox = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
 
 
-@needs_sandbox
+@pytest.mark.bwrap
 def test_oracle_resolves_every_fixture_and_noop_none(tmp_path: Path):
     tasks = load_suite(FIXTURES)
     oracle = run_eval(tasks, oracle_policy(), Config(), tmp_path / "oracle", passes=2, workers=2, progress=False)
@@ -41,7 +41,7 @@ def test_oracle_resolves_every_fixture_and_noop_none(tmp_path: Path):
     assert json.loads((tmp_path / "oracle" / "summary.json").read_text())["policy"] == "oracle"
 
 
-@needs_sandbox
+@pytest.mark.bwrap
 def test_cli_eval_writes_results_and_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture):
     code = main(["eval", "--suite", str(FIXTURES), "--policy", "noop", "--limit", "1", "--out", str(tmp_path)])
     assert code == 0
@@ -71,15 +71,34 @@ def test_wilson_interval_golden_values():
     assert wilson_interval(1.0, 0) == (0.0, 1.0)
 
 
+def _grade_fields(resolved: bool, lines_changed: int) -> dict[str, float]:
+    """The reward.json numbers a results.jsonl row carries beside its own fields."""
+    return Grade(resolved=resolved, fail_to_pass=float(resolved), pass_to_pass=1.0, tests_passed=2, tests_failed=0,
+                 tests_errored=0, test_exit_code=0, test_timed_out=False, rubric_ok=True, files_changed=1,
+                 lines_added=lines_changed, lines_removed=0, lines_changed=lines_changed, todo_added=0,
+                 comment_lines_added=0, lint_added=0, grading_s=0.5).to_json()
+
+
 def test_summary_averages_passes_per_task_and_excludes_infra_errors():
     rows = [
-        {"task_id": "a", "status": "ok", "resolved": 1.0, "cost": 0.5, "wall_s": 1.0, "tokens": {"thinking": 10}},
-        {"task_id": "a", "status": "timeout", "resolved": 0.0, "cost": 0.5, "wall_s": 3.0, "tokens": {"thinking": 30}},
-        {"task_id": "b", "status": "ok", "resolved": 1.0, "cost": 0.0, "wall_s": 2.0, "tokens": {}},
+        {"task_id": "a", "status": "ok", **_grade_fields(True, 4), "cost": 0.5, "wall_s": 1.0,
+         "tokens": {"thinking": 10}},
+        {"task_id": "a", "status": "timeout", **_grade_fields(False, 8), "cost": 0.5, "wall_s": 3.0,
+         "tokens": {"thinking": 30}},
+        {"task_id": "b", "status": "ok", **_grade_fields(True, 12), "cost": 0.0, "wall_s": 2.0, "tokens": {}},
         {"task_id": "b", "status": "infra_error", "cost": 0.25},
     ]
     summary = summarize(rows)
-    assert summary["resolved"] == 0.75  # mean of task a (0.5) and task b (1.0)
+    scored = rows[:3]  # the infrastructure error is counted, never scored
+    per_task = {task: statistics.fmean(float(r["resolved"]) for r in scored if r["task_id"] == task)
+                for task in ("a", "b")}
+    assert summary["resolved"] == statistics.fmean(per_task.values())  # tasks weigh equally, not episodes
+    assert summary["resolved"] != statistics.fmean(float(r["resolved"]) for r in scored)
+    assert summary["resolved_ci95"] == pytest.approx(list(wilson_interval(summary["resolved"], 2)))
+    assert summary["fail_to_pass"] == pytest.approx(statistics.fmean(r["fail_to_pass"] for r in scored))
+    assert summary["lines_changed"] == statistics.fmean(r["lines_changed"] for r in scored)
     assert (summary["episodes"], summary["tasks"], summary["infra_errors"], summary["timeouts"]) == (4, 2, 1, 1)
-    assert summary["cost_total"] == 1.25 and summary["cost_per_episode"] == pytest.approx(1 / 3)
-    assert summary["tokens_thinking"] == pytest.approx(40 / 3) and summary["wall_s_p50"] == 2.0
+    assert summary["cost_total"] == sum(r["cost"] for r in rows)  # an infrastructure error still costs
+    assert summary["cost_per_episode"] == pytest.approx(statistics.fmean(r["cost"] for r in scored))
+    assert summary["tokens_thinking"] == pytest.approx(statistics.fmean(r["tokens"].get("thinking", 0) for r in scored))
+    assert summary["wall_s_p50"] == statistics.median(r["wall_s"] for r in scored)

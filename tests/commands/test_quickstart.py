@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from opencomposer.sandbox.workspace import bwrap_available
-
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.toml"
 
 SHRUNK = {
@@ -24,7 +22,7 @@ SHRUNK = {
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not bwrap_available(), reason="the harness stages need bubblewrap")
+@pytest.mark.bwrap
 def test_quickstart_runs_every_stage_and_leaves_its_outputs(tmp_path, capsys):
     from opencomposer.cli import main
 

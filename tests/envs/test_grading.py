@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import GradingConfig
-from opencomposer.envs.grading import GradingInfraError, grade, junit_node_id, parse_junit
+from opencomposer.envs.grading import GradingInfraError, grade
 from opencomposer.sandbox.patch import file_diff
-from opencomposer.sandbox.workspace import bwrap_available
 from opencomposer.tasks.format import load_task, write_task
+from opencomposer.types import Grade
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 REWARD_NAMES = {
@@ -19,33 +19,43 @@ REWARD_NAMES = {
     "test_timed_out", "rubric_ok", "files_changed", "lines_added", "lines_removed", "lines_changed", "todo_added",
     "comment_lines_added", "lint_added", "grading_s",
 }
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+GOOD = Grade(resolved=True, fail_to_pass=1.0, pass_to_pass=1.0, tests_passed=3, tests_failed=0, tests_errored=0,
+             test_exit_code=0, test_timed_out=False, rubric_ok=True, files_changed=1, lines_added=1, lines_removed=1,
+             lines_changed=2, todo_added=0, comment_lines_added=0, lint_added=0, grading_s=0.2)
 
 
-def without_time(reward: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in reward.items() if k != "grading_s"}
+def without_time(reward: Grade) -> dict[str, float]:
+    return {k: v for k, v in reward.to_json().items() if k != "grading_s"}
 
 
+@pytest.mark.bwrap
 def test_gold_patch_resolves_and_writes_reward_json(tmp_path: Path):
     task = load_task(FIXTURES / "fix-add")
     reward = grade(task, task.gold_patch, "Fixed add.", out_dir=tmp_path)
-    assert set(reward) == REWARD_NAMES
-    assert without_time(reward) == {
+    assert isinstance(reward, Grade) and reward.resolved is True and reward.tests_passed == 3
+    assert set(reward.to_json()) == REWARD_NAMES
+    expected = {
         "resolved": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0, "tests_passed": 3.0, "tests_failed": 0.0,
         "tests_errored": 0.0, "test_exit_code": 0.0, "test_timed_out": 0.0, "rubric_ok": 1.0,
         "files_changed": 1.0, "lines_added": 1.0, "lines_removed": 1.0, "lines_changed": 2.0, "todo_added": 0.0,
         "comment_lines_added": 0.0, "lint_added": 0.0,
     }
-    assert json.loads((tmp_path / "reward.json").read_text()) == reward
+    assert without_time(reward) == expected
+    # byte for byte what the grader wrote when it returned a dict of floats: sorted keys, 1.0 not true
+    written = (tmp_path / "reward.json").read_text()
+    assert written == json.dumps({**expected, "grading_s": reward.grading_s}, indent=2, sort_keys=True) + "\n"
+    assert Grade.from_json(json.loads(written)) == reward
 
 
+@pytest.mark.bwrap
 def test_empty_diff_does_not_resolve():
     task = load_task(FIXTURES / "fix-add")
     reward = grade(task, "")
-    assert (reward["resolved"], reward["fail_to_pass"], reward["pass_to_pass"]) == (0.0, 0.0, 1.0)
-    assert (reward["tests_passed"], reward["tests_failed"], reward["test_exit_code"]) == (1.0, 2.0, 1.0)
+    assert (reward.resolved, reward.fail_to_pass, reward.pass_to_pass) == (0.0, 0.0, 1.0)
+    assert (reward.tests_passed, reward.tests_failed, reward.test_exit_code) == (1.0, 2.0, 1.0)
 
 
+@pytest.mark.bwrap
 def test_editing_or_deleting_tests_gains_nothing():
     task = load_task(FIXTURES / "fix-add")
     cheat = (
@@ -54,32 +64,35 @@ def test_editing_or_deleting_tests_gains_nothing():
         + file_diff("tests/conftest.py", None, "import calc\ncalc.add = lambda a, b: a + b\n")
     )
     reward = grade(task, cheat)
-    assert reward["resolved"] == 0.0 and reward["fail_to_pass"] == 0.0 and reward["pass_to_pass"] == 1.0
-    assert reward["files_changed"] == 3.0  # the attempt is still measured
+    assert reward.resolved == 0.0 and reward.fail_to_pass == 0.0 and reward.pass_to_pass == 1.0
+    assert reward.files_changed == 3.0  # the attempt is still measured
 
 
+@pytest.mark.bwrap
 def test_quality_measures_of_a_diff():
     task = load_task(FIXTURES / "fix-add")
     old = (task.repo / "calc.py").read_text()
     new = old.replace("    return a - b", "    # TODO: check overflow\n    # add them\n    unused = a\n    return a + b")
     reward = grade(task, file_diff("calc.py", old, new))
-    assert reward["resolved"] == 1.0
-    assert (reward["todo_added"], reward["comment_lines_added"], reward["lint_added"]) == (1.0, 2.0, 1.0)
-    assert (reward["lines_added"], reward["lines_removed"], reward["files_changed"]) == (4.0, 1.0, 1.0)  # F841
+    assert reward.resolved == 1.0
+    assert (reward.todo_added, reward.comment_lines_added, reward.lint_added) == (1.0, 2.0, 1.0)
+    assert (reward.lines_added, reward.lines_removed, reward.files_changed) == (4.0, 1.0, 1.0)  # F841
 
 
+@pytest.mark.bwrap
 def test_hanging_code_scores_as_failing_tests_not_infra():
     task = load_task(FIXTURES / "fix-add")
     old = (task.repo / "calc.py").read_text()
     hang = file_diff("calc.py", old, old.replace("    return a - b", "    while True:\n        pass"))
     reward = grade(task, hang, config=GradingConfig(timeout_s=20, per_test_timeout_s=1))
-    assert reward["resolved"] == 0.0 and reward["fail_to_pass"] == 0.0
-    assert reward["tests_failed"] == 2.0 and reward["pass_to_pass"] == 1.0  # pytest-timeout failed the two
+    assert reward.resolved == 0.0 and reward.fail_to_pass == 0.0
+    assert reward.tests_failed == 2.0 and reward.pass_to_pass == 1.0  # pytest-timeout failed the two
 
     reward = grade(task, hang, config=GradingConfig(timeout_s=3, per_test_timeout_s=60))
-    assert reward["test_timed_out"] == 1.0 and reward["resolved"] == 0.0 and reward["tests_passed"] == 0.0
+    assert reward.test_timed_out == 1.0 and reward.resolved == 0.0 and reward.tests_passed == 0.0
 
 
+@pytest.mark.bwrap
 def test_rubric_rules(tmp_path: Path):
     task = write_task(
         tmp_path / "intent", task_id="intent", instruction="Why does x exist? Do not change code.",
@@ -88,13 +101,14 @@ def test_rubric_rules(tmp_path: Path):
         rubric={"expect_no_edit": True, "final_message_must_match": ["(?i)backwards compat"],
                 "forbidden_paths": ["legacy.py"], "max_files_changed": 0},
     )
-    assert grade(task, "", "It exists for backwards compatibility.")["resolved"] == 1.0
-    assert grade(task, "", "No idea.")["rubric_ok"] == 0.0
+    assert grade(task, "", "It exists for backwards compatibility.").resolved == 1.0
+    assert grade(task, "", "No idea.").rubric_ok == 0.0
     edit = file_diff("x.py", "x = 1\n", "x = 2\n")
     reward = grade(task, edit, "Backwards compat.")
-    assert (reward["rubric_ok"], reward["resolved"], reward["test_exit_code"]) == (0.0, 0.0, 0.0)
+    assert (reward.rubric_ok, reward.resolved, reward.test_exit_code) == (0.0, 0.0, 0.0)
 
 
+@pytest.mark.bwrap
 def test_a_grading_sandbox_that_cannot_start_is_an_infra_error():
     task = load_task(FIXTURES / "fix-add")
     task.workdir = "/proc/sys/cannot-mount-here"
@@ -104,35 +118,16 @@ def test_a_grading_sandbox_that_cannot_start_is_an_infra_error():
         grade(load_task(FIXTURES / "fix-add"), file_diff("calc.py", "not the file\n", "x\n"))
 
 
-def test_junit_node_ids():
-    assert junit_node_id("tests/test_a.py", "tests.test_a", "test_x[1-2]") == "tests/test_a.py::test_x[1-2]"
-    assert junit_node_id("tests/test_a.py", "tests.test_a.TestK.TestInner", "test_y") == (
-        "tests/test_a.py::TestK::TestInner::test_y")
-    assert junit_node_id(None, "tests.test_a.TestK", "test_z") == "tests/test_a.py::TestK::test_z"
-
-
-def test_parse_junit_outcomes():
-    xml = b"""<testsuites><testsuite>
-      <testcase classname="t.test_a" name="test_ok" file="t/test_a.py"/>
-      <testcase classname="t.test_a" name="test_bad" file="t/test_a.py"><failure message="x"/></testcase>
-      <testcase classname="t.test_a" name="test_err" file="t/test_a.py"><error message="x"/></testcase>
-      <testcase classname="t.test_a" name="test_skip" file="t/test_a.py"><skipped/></testcase>
-      <testcase classname="t.test_a" name="test_ok" file="t/test_a.py"><error message="teardown"/></testcase>
-    </testsuite></testsuites>"""
-    assert parse_junit(xml) == {"t/test_a.py::test_ok": "error", "t/test_a.py::test_bad": "failed",
-                                "t/test_a.py::test_err": "error", "t/test_a.py::test_skip": "skipped"}
-    assert parse_junit(b"<not xml") == {}
-
-
 def test_grading_works_without_isolation_too():
     from opencomposer.config import SandboxConfig
 
     task = load_task(FIXTURES / "fix-add")
     with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
         reward = grade(task, task.gold_patch, sandbox_config=SandboxConfig(isolation="none"))
-    assert reward["resolved"] == 1.0 and reward["tests_passed"] == 3.0
+    assert reward.resolved == 1.0 and reward.tests_passed == 3.0
 
 
+@pytest.mark.bwrap
 def test_grade_cache_reuses_the_grade_of_an_identical_change(tmp_path: Path):
     from opencomposer.envs.grading import GradeCache
 
@@ -143,12 +138,13 @@ def test_grade_cache_reuses_the_grade_of_an_identical_change(tmp_path: Path):
     again = cache.grade(task, task.gold_patch, "Fixed add.", out_dir=tmp_path / "b")
     other = cache.grade(task, "", "Fixed add.")
     assert without_time(first) == without_time(again) == without_time(fresh)
-    assert without_time(other) != without_time(first) and other["resolved"] == 0.0
+    assert without_time(other) != without_time(first) and other.resolved == 0.0
     assert (cache.hits, cache.misses) == (1, 2)
-    assert json.loads((tmp_path / "b" / "reward.json").read_text()) == again  # written for the reuse too
+    assert json.loads((tmp_path / "b" / "reward.json").read_text()) == again.to_json()  # written for the reuse too
 
 
 def test_grade_cache_grades_a_key_once_across_threads_and_forgets_failures(monkeypatch: pytest.MonkeyPatch):
+    import dataclasses
     import threading
     import time
     from types import SimpleNamespace
@@ -162,7 +158,7 @@ def test_grade_cache_grades_a_key_once_across_threads_and_forgets_failures(monke
         time.sleep(0.2)  # long enough for every thread to ask while the first grades
         if diff == "broken":
             raise GradingInfraError("the grading sandbox could not start")
-        return {"resolved": float(diff == "good"), "grading_s": 0.2}
+        return dataclasses.replace(GOOD, resolved=diff == "good")
 
     monkeypatch.setattr(grading, "grade", slow_grade)
     cache = grading.GradeCache(max_entries=2)
@@ -173,7 +169,7 @@ def test_grade_cache_grades_a_key_once_across_threads_and_forgets_failures(monke
         thread.start()
     for thread in threads:
         thread.join()
-    assert calls == ["good"] and all(r["resolved"] == 1.0 for r in results)  # one grading, eight answers
+    assert calls == ["good"] and all(r.resolved == 1.0 for r in results)  # one grading, eight answers
 
     for _ in range(2):  # a failure raises for its caller and is not remembered
         with pytest.raises(GradingInfraError):

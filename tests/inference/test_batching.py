@@ -9,7 +9,7 @@ import pytest
 
 from opencomposer.config import ModelConfig
 from opencomposer.inference.batching import BatchingEngine
-from opencomposer.inference.engine import SamplingParams
+from opencomposer.types import SamplingParams
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, num_experts=4,
                     top_k=2, moe_intermediate_size=64)

@@ -13,6 +13,7 @@ import torch
 from opencomposer.numerics import MXTensor, dequantize_mx, quantize_mx
 from opencomposer.numerics.formats import decode
 from opencomposer.numerics.mx import quantize_mx_reference
+from tests.conftest import skip_missing
 
 
 def _block(*head, length=32, dtype=torch.float32):
@@ -169,8 +170,10 @@ def test_errors_name_the_bad_value():
 
 def _torchao():
     """torchao's MX module, or a skip when the dev extra is not installed."""
-    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-    config = pytest.importorskip("torchao.prototype.mx_formats.config")
+    try:
+        from torchao.prototype.mx_formats import config, mx_tensor
+    except ImportError as e:
+        skip_missing(f"torchao (the dev extra: pip install -e '.[dev]'): {e}")
     return mx_tensor, config.ScaleCalculationMode
 
 

@@ -1,9 +1,8 @@
-"""SFT (``opencomposer sft``): the imperfect teacher, the learning-rate schedule, the loss against a
-plain forward, and a checkpoint that lands whole."""
+"""SFT (``opencomposer sft``): the imperfect teacher, the loss against a plain forward, and a checkpoint
+that lands whole with its metrics (the schedule is ``tests/training/test_schedule.py``)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +10,6 @@ import pytest
 import torch
 
 from opencomposer.config import ConfigError, ModelConfig, SFTConfig, load_recipe
-from opencomposer.sandbox.workspace import bwrap_available
-
-needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="demonstrations are recorded in the sandbox")
 
 
 def test_wrong_share_makes_that_many_demonstrations_write_the_decoy(tmp_path: Path):
@@ -51,17 +47,7 @@ def test_a_decoy_the_family_asks_for_is_refused(tmp_path: Path):
         demonstration_tasks(config, tmp_path)
 
 
-def test_learning_rate_warms_up_then_decays_by_cosine_to_a_tenth():
-    from opencomposer.pretrain.sft import lr_at
-
-    config = SFTConfig(steps=25, warmup_steps=5, lr=1e-3)
-    expected = [1e-3 * (s + 1) / 5 for s in range(5)]
-    expected += [1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * (s - 5) / 20))) for s in range(5, 25)]
-    assert [lr_at(s, config) for s in range(25)] == pytest.approx(expected, rel=1e-12)
-    assert lr_at(5, config) == pytest.approx(1e-3) and lr_at(25, config) == pytest.approx(1e-4)
-
-
-@needs_bwrap
+@pytest.mark.bwrap
 def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tmp_path: Path, tiny_tokenizer):
     import copy
 
@@ -89,7 +75,7 @@ def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tmp_path: Path, tiny_t
     assert np.isfinite([h["loss"] for h in result.history]).all()
 
 
-@needs_bwrap
+@pytest.mark.bwrap
 def test_run_sft_writes_a_loadable_checkpoint_whole(tmp_path: Path):
     from opencomposer.model.loading import load_model
     from opencomposer.pretrain.sft import run_sft
@@ -102,9 +88,18 @@ def test_run_sft_writes_a_loadable_checkpoint_whole(tmp_path: Path):
         "model.moe_intermediate_size=32", "sft.task_family=tiny", "sft.num_tasks=2", "sft.steps=2",
         "sft.batch_size=2", "sft.warmup_steps=1", f"sft.out={out}",
     ])
-    _, _, result, path = run_sft(config, progress=False)
+    trained, _, result, path = run_sft(config, progress=False)
     assert path == out and result.steps == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft-out"]  # no temporary folder left beside it
     assert not (out / "stale.txt").exists() and (out / "recipe.toml").is_file()
+    from opencomposer.training.metrics import read_metrics
+
+    rows = read_metrics(out)  # the loss of every step, moved in with the weights
+    assert [(r["kind"], r["step"]) for r in rows] == [("train", 1), ("train", 2)]
+    assert [r["loss"] for r in rows] == [h["loss"] for h in result.history]
+    assert list((out / "tb").glob("events.out.tfevents.*"))
     model, _ = load_model(ModelConfig(kind="hf", path=str(out)))
-    assert sum(p.numel() for p in model.parameters()) > 0
+    loaded, expected = model.state_dict(), trained.state_dict()
+    assert sorted(loaded) == sorted(expected)
+    for name, tensor in expected.items():  # the checkpoint holds the trained weights, bit for bit
+        assert torch.equal(loaded[name], tensor), name

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from opencomposer.config import load_recipe
-from opencomposer.sandbox.workspace import bwrap_available
 
 SMALL_RUN = [
     "run.threads=1", "model.hidden_size=64", "model.num_layers=2", "model.head_dim=16", "model.num_experts=4",
@@ -21,7 +20,7 @@ SMALL_RUN = [
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+@pytest.mark.bwrap
 def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     from opencomposer.rl.checkpoint import list_checkpoints
     from opencomposer.rl.loop import run_rl
@@ -105,4 +104,5 @@ def test_cli_registers_sft_rl_and_report_without_importing_torch():
             "b = p.parse_args(['report', 'runs/x']); c = p.parse_args(['sft']); "
             "print(a.handler, b.handler, c.handler, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["opencomposer.rl.loop:main", "opencomposer.rl.report:main", "opencomposer.pretrain.sft:main", "False"]
+    assert out == ["opencomposer.commands.rl:main", "opencomposer.commands.report:main", "opencomposer.commands.sft:main",
+                   "False"]

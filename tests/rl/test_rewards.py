@@ -1,14 +1,16 @@
 """The named-term reward (report §4.2): a golden episode with every term worked out by hand,
 diff parsing, and the edge cases of each behavioural term."""
 
+import dataclasses
 import math
 
 import pytest
 
 from opencomposer.config import LengthPenaltyConfig, RewardConfig
-from opencomposer.rl import behaviour_counts, diff_lines_changed, episode_reward
-from opencomposer.rl.rewards import diff_lines, reasoning_comment_lines, unfinished_todos
-from opencomposer.types import Episode, EpisodeStatus, Segment, TokenKind, ToolCall, Turn
+from opencomposer.rl import behaviour_counts, episode_reward
+from opencomposer.rl.rewards import reasoning_comment_lines, unfinished_todos
+from opencomposer.sandbox.patch import diff_stats
+from opencomposer.types import Episode, EpisodeStatus, Grade, Segment, TokenKind, ToolCall, Turn
 
 APP_DIFF = """\
 diff --git a/src/app.py b/src/app.py
@@ -46,14 +48,14 @@ new file mode 100644
 
 
 def test_diff_lines_uses_hunk_counts():
-    added, removed = diff_lines(OTHER_DIFF)
-    assert removed == [("db/schema.sql", "-- TODO drop this table")]  # not a file header
-    assert added == [
+    stats = diff_stats(OTHER_DIFF)
+    assert stats.removed() == [("db/schema.sql", "-- TODO drop this table")]  # not a file header
+    assert stats.added() == [
         ("db/schema.sql", "-- renamed table"),
         ("web/ui.js", "// wait, this breaks on null"),
         ("web/ui.js", "const a = 1; // TODO"),
     ]
-    assert diff_lines_changed(APP_DIFF) == 7
+    assert diff_stats(APP_DIFF).lines_changed == 7
     assert unfinished_todos(APP_DIFF) == 1  # TODO + FIXME added, one TODO removed
     assert unfinished_todos(OTHER_DIFF) == 0  # one added, one removed
     # "Let me ..." and "The user ..." read as narration; "We need to copy ..." is an ordinary comment
@@ -79,6 +81,14 @@ def _turn(n_thinking, n_call, n_final, observation, calls=(), format_error=None,
     )
 
 
+def _grade(**numbers) -> Grade:
+    """A grade with the given numbers; the rest (which the reward does not read) are plausible."""
+    defaults = dict(tests_passed=3, tests_failed=1, tests_errored=0, test_exit_code=1, test_timed_out=False,
+                    rubric_ok=True, files_changed=1, lines_added=6, lines_removed=1, todo_added=2,
+                    comment_lines_added=4, grading_s=1.5)
+    return Grade(**{**defaults, **numbers})
+
+
 def _episode(**overrides):
     fields = dict(
         task_id="t",
@@ -92,13 +102,7 @@ def _episode(**overrides):
                 ],
             )
         ],
-        metrics={
-            "resolved": 0.0,
-            "fail_to_pass": 0.5,
-            "pass_to_pass": 0.75,
-            "lines_changed": 29.0,
-            "lint_added": 7.0,
-        },
+        grade=_grade(resolved=False, fail_to_pass=0.5, pass_to_pass=0.75, lines_changed=29, lint_added=7),
         diff=APP_DIFF,
     )
     fields.update(overrides)
@@ -134,13 +138,7 @@ def test_golden_episode_every_term():
 def test_resolved_clean_episode_scores_near_one():
     clean = _episode(
         segments=[Segment(prompt_ids=[1], turns=[_turn(10, 5, 0, 20, calls=("edit",)), _turn(0, 0, 5, 0)])],
-        metrics={
-            "resolved": 1.0,
-            "fail_to_pass": 1.0,
-            "pass_to_pass": 1.0,
-            "lines_changed": 3.0,
-            "lint_added": 0.0,
-        },
+        grade=_grade(resolved=True, fail_to_pass=1.0, pass_to_pass=1.0, lines_changed=3, lint_added=0),
         diff="",
     )
     total, terms = episode_reward(clean, RewardConfig(), LengthPenaltyConfig(), reference_lines_changed=4)
@@ -168,7 +166,7 @@ def test_counts_are_capped_and_uncapped_counts_are_logged():
 
 
 def test_without_diff_text_todos_come_from_the_grader_and_without_reference_no_succinctness():
-    episode = _episode(diff=None, metrics={**_episode().metrics, "todo_added": 4.0})
+    episode = _episode(diff=None, grade=dataclasses.replace(_episode().grade, todo_added=4))
     _, terms = episode_reward(episode, RewardConfig(), LengthPenaltyConfig())
     assert terms["todo_unfinished"] == pytest.approx(-0.2)
     assert terms["reasoning_in_comments"] == 0.0
@@ -180,10 +178,8 @@ def test_infra_errors_are_never_scored():
         episode_reward(_episode(status=EpisodeStatus.INFRA_ERROR), RewardConfig(), LengthPenaltyConfig())
 
 
-def test_missing_grader_number_names_it_unless_its_weight_is_zero():
-    episode = _episode(metrics={"resolved": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0})
-    with pytest.raises(KeyError, match="lint_added"):
-        episode_reward(episode, RewardConfig(), LengthPenaltyConfig())
-    total, terms = episode_reward(episode, RewardConfig(lint_added=0.0), LengthPenaltyConfig())
+def test_an_episode_without_a_grade_is_never_scored():
+    with pytest.raises(ValueError, match="has no grade"):
+        episode_reward(_episode(grade=None), RewardConfig(), LengthPenaltyConfig())
+    _, terms = episode_reward(_episode(), RewardConfig(lint_added=0.0), LengthPenaltyConfig())
     assert terms["lint_added"] == 0.0
-    assert total == pytest.approx(sum(terms.values()))

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from opencomposer.config import Config, RLConfig
-from opencomposer.rl.step import make_optimizer, train_step
+from opencomposer.rl.step import train_step
 from opencomposer.rl.trainer import Trainer
 from opencomposer.training.packing import collate, episode_rows, micro_batches
-from opencomposer.types import Episode, EpisodeStatus, Group, Segment, Task, TokenKind, Turn
+from opencomposer.types import Episode, EpisodeStatus, Grade, Group, Segment, Task, TokenKind, Turn
 from tests.training.test_forward import SMALL
 
 PROMPT = list(range(100, 160))  # 60 shared prompt ids
@@ -34,10 +34,12 @@ def episode(rng, resolved: float, status=EpisodeStatus.OK, n_model: int = 6) -> 
     turn = Turn(token_ids=ids, logprobs=(-rng.random(n_model)).tolist(), token_kinds=[TokenKind.TOOL_CALL] * n_model,
                 observation_ids=rng.integers(200, 3000, 4).tolist(), observation_kinds=[TokenKind.TOOL_OUTPUT] * 4)
     turn2 = Turn(token_ids=rng.integers(200, 3000, 3).tolist(), logprobs=[-0.5] * 3, token_kinds=[TokenKind.FINAL_MESSAGE] * 3)
-    metrics = {"resolved": resolved, "fail_to_pass": resolved, "pass_to_pass": 1.0, "lint_added": 0.0,
-               "lines_changed": 2.0}
+    grade = Grade(resolved=resolved == 1.0, fail_to_pass=resolved, pass_to_pass=1.0, tests_passed=1 + int(resolved),
+                  tests_failed=1 - int(resolved), tests_errored=0, test_exit_code=1 - int(resolved),
+                  test_timed_out=False, rubric_ok=True, files_changed=1, lines_added=1, lines_removed=1,
+                  lines_changed=2, todo_added=0, comment_lines_added=0, lint_added=0, grading_s=0.1)
     return Episode(task_id="t", segments=[Segment(prompt_ids=list(PROMPT), turns=[turn, turn2])], status=status,
-                   metrics=metrics, diff="")
+                   grade=grade, diff="")
 
 
 def manual_gradient(model, rows, token_budget: int) -> dict[str, torch.Tensor]:
@@ -95,8 +97,10 @@ def test_gradient_clipping_bounds_the_update_norm(small):
 
 
 def test_optimizer_is_full_parameter_adam_with_the_recipe_betas_and_eps(small):
-    model, _ = small
-    optimizer = make_optimizer(model, RLConfig(lr=3e-4, adam_betas=[0.8, 0.95], adam_eps=1e-6))
+    model, tokenizer = small
+    config = Config()
+    config.rl.lr, config.rl.adam_betas, config.rl.adam_eps, config.rl.kl.reference = 3e-4, [0.8, 0.95], 1e-6, "none"
+    optimizer = Trainer(model, tokenizer, config).optimizer
     assert type(optimizer) is torch.optim.Adam
     group = optimizer.param_groups[0]
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-4, (0.8, 0.95), 1e-6, 0.0)

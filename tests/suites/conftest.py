@@ -1,73 +1,29 @@
 """Shared helpers for the content checks of the built-in suites (``opencomposer/suites``).
 
-These are our own trusted files, so the checks run pytest directly in a temporary copy
-rather than in the sandbox; the oracle and do-nothing policies through the real sandbox are
-tested with the harness (``tests/envs``).
+Task states are built in temporary folders and their tests run through the harness's runner
+(``envs.testrun.run_tests`` in a sandbox made from the folder), so the node ids checked here are
+the ids grading looks up; the oracle and do-nothing policies through the whole harness are tested
+in ``test_oracle_sweep.py``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import opencomposer
+from opencomposer.envs.testrun import TestRun, run_tests
+from opencomposer.sandbox.workspace import Sandbox
 
 SUITES = Path(opencomposer.__file__).parent / "suites"
 PROJECTS = SUITES / "projects"
 CURSORBENCH = SUITES / "cursorbench"
 COPY_IGNORE = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.pyc", ".ruff_cache")
 PYTEST_TIMEOUT_S = 180
-
-# A pytest plugin that records the outcome of every test by its exact node id. JUnit XML would
-# do too, but turning its classname/name pairs back into node ids is lossy for parametrized tests.
-RESULTS_PLUGIN = """
-import json
-import os
-
-_outcomes = {}
-
-
-def pytest_runtest_logreport(report):
-    if report.when == "call":
-        _outcomes[report.nodeid] = report.outcome
-    elif report.failed:
-        _outcomes[report.nodeid] = "error"
-    elif report.skipped and report.when == "setup":
-        _outcomes[report.nodeid] = "skipped"
-
-
-def pytest_collectreport(report):
-    if report.failed:
-        _outcomes[report.nodeid or "<collection>"] = "collection-error"
-
-
-def pytest_sessionfinish(session, exitstatus):
-    with open(os.environ["SUITE_CHECK_RESULTS"], "w") as handle:
-        json.dump(_outcomes, handle)
-"""
-
-
-@dataclass
-class PytestRun:
-    """The outcome of one ``python -m pytest -q`` over a workspace."""
-
-    outcomes: dict[str, str]  # node id -> passed | failed | error | skipped | collection-error
-    output: str
-    exit_code: int
-
-    @property
-    def passed(self) -> set[str]:
-        return {node for node, outcome in self.outcomes.items() if outcome == "passed"}
-
-    def not_passed(self) -> dict[str, str]:
-        return {node: outcome for node, outcome in self.outcomes.items() if outcome != "passed"}
+PER_TEST_TIMEOUT_S = 60
 
 
 class Workspaces:
@@ -75,9 +31,6 @@ class Workspaces:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.plugin_dir = root / "plugin"
-        self.plugin_dir.mkdir()
-        (self.plugin_dir / "suite_check_results.py").write_text(RESULTS_PLUGIN)
         self._count = 0
 
     def copy(self, source: Path, *overlays: Path) -> Path:
@@ -90,46 +43,23 @@ class Workspaces:
                 shutil.copytree(overlay, target, dirs_exist_ok=True, ignore=COPY_IGNORE)
         return target
 
-    def run_pytest(self, workspace: Path) -> PytestRun:
-        results = workspace.parent / f"{workspace.name}.results.json"
-        env = dict(
-            os.environ,
-            PYTHONDONTWRITEBYTECODE="1",
-            # the projects need no plugins, and loading every installed one costs seconds per run
-            PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-            PYTHONPATH=str(self.plugin_dir),
-            SUITE_CHECK_RESULTS=str(results),
-        )
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "suite_check_results"],
-            cwd=workspace,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=PYTEST_TIMEOUT_S,
-        )
-        output = proc.stdout + proc.stderr
-        if not results.exists():
-            raise AssertionError(f"pytest wrote no results in {workspace}:\n{output[-3000:]}")
-        return PytestRun(json.loads(results.read_text()), output, proc.returncode)
+    def run_pytest(self, workspace: Path) -> TestRun:
+        """``python -m pytest -q`` over a sandbox copy of ``workspace``; fails if pytest wrote no report."""
+        with Sandbox(workspace) as sandbox:
+            run = run_tests(sandbox, "python -m pytest -q", timeout_s=PYTEST_TIMEOUT_S,
+                            per_test_timeout_s=PER_TEST_TIMEOUT_S)
+        if run.collected is None:
+            raise AssertionError(f"pytest wrote no report in {workspace}:\n{run.tail(3000)}")
+        return run
 
 
 def apply_patch(workspace: Path, patch: str) -> None:
-    """Apply a unified diff with ``git apply``, or ``patch -p1`` where git is missing or refuses."""
+    """Apply a unified diff with ``git apply`` (git is a test requirement); a refusal fails the test."""
     git = shutil.which("git")
-    if git is not None:
-        proc = subprocess.run(
-            [git, "apply", "--whitespace=nowarn", "-"],
-            cwd=workspace,
-            input=patch,
-            text=True,
-            capture_output=True,
-            timeout=60,
-        )
-        if proc.returncode == 0:
-            return
+    if git is None:
+        raise AssertionError("git is required by the suite tests (to apply gold patches) and is not on PATH")
     proc = subprocess.run(
-        ["patch", "-p1", "--batch", "--forward", "--silent"],
+        [git, "apply", "--whitespace=nowarn", "-"],
         cwd=workspace,
         input=patch,
         text=True,
@@ -137,7 +67,7 @@ def apply_patch(workspace: Path, patch: str) -> None:
         timeout=60,
     )
     if proc.returncode != 0:
-        raise AssertionError(f"the patch does not apply in {workspace}:\n{proc.stdout}{proc.stderr}")
+        raise AssertionError(f"git apply refused the patch in {workspace}:\n{proc.stdout}{proc.stderr}")
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from opencomposer.sandbox.patch import diff_stats
+
 from .conftest import CURSORBENCH, PROJECTS, Workspaces, apply_patch
 
 TASK_DIRS = sorted(p for p in CURSORBENCH.iterdir() if (p / "task.toml").is_file())
@@ -47,11 +49,8 @@ def patch_stats(patch: str | None) -> tuple[list[str], int]:
     """Files touched and lines changed (added + removed) by a unified diff."""
     if not patch:
         return [], 0
-    files = re.findall(r"^diff --git a/\S+ b/(\S+)$", patch, flags=re.M)
-    changed = sum(
-        1 for line in patch.splitlines() if line[:1] in "+-" and not line.startswith(("+++ ", "--- "))
-    )
-    return files, changed
+    stats = diff_stats(patch)
+    return stats.paths, stats.lines_changed
 
 
 # --------------------------------------------------------------------------- folder format

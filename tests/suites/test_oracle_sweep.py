@@ -37,7 +37,7 @@ def sweep(task_ids: list[str] | None, policy_name: str) -> dict[str, tuple[str, 
     def one(task):
         episode = run_episode(task, policy, config)
         assert episode.status != EpisodeStatus.INFRA_ERROR, f"{task.id}: {episode.error}"
-        return task.id, (episode.status.value, episode.metrics["resolved"], episode.metrics["rubric_ok"],
+        return task.id, (episode.status.value, float(episode.grade.resolved), float(episode.grade.rubric_ok),
                          episode.final_message)
 
     with ThreadPoolExecutor(max_workers=2) as pool:

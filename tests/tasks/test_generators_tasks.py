@@ -63,8 +63,8 @@ def test_each_generator_makes_tasks_that_validate(made):
     assert [c.problems for c in checks] == [[], [], []]
     for task, check in zip(train, checks):
         assert task.fail_to_pass and task.pass_to_pass and task.gold_patch
-        assert check.gold["resolved"] == 1.0 and check.gold["fail_to_pass"] == 1.0
-        assert check.broken["fail_to_pass"] == 0.0 and check.broken["pass_to_pass"] == 1.0
+        assert check.gold.resolved and check.gold.fail_to_pass == 1.0
+        assert check.broken.fail_to_pass == 0.0 and check.broken.pass_to_pass == 1.0
         assert task.test_command == "python -m pytest -q --continue-on-collection-errors"
         assert task.protected_paths == ["tests"]
 

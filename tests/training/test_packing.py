@@ -70,5 +70,11 @@ def test_micro_batches_respect_the_token_budget_and_are_deterministic():
     assert sorted(row.episode for chunk in chunks for row in chunk) == list(range(25))
     for chunk in chunks:
         assert len(chunk) * max(len(r) for r in chunk) <= 100 or len(chunk) == 1
+    # longest first, ties in input order, and the same cut on a second call
+    longest_first = sorted(range(25), key=lambda e: (-lengths[e], e))
+    assert [row.episode for chunk in chunks for row in chunk] == longest_first
     assert [[r.episode for r in c] for c in chunks] == [[r.episode for r in c] for c in micro_batches(rows, 100)]
-    assert torch.equal(collate(chunks[0], 0).input_ids, collate(chunks[0], 0).input_ids)
+    # the first micro-batch collated: each episode's context minus its last id, right-padded with -1
+    width = int(lengths[longest_first[0]]) - 1
+    expected = [([1, 2, *range(5, 3 + int(lengths[r.episode]))][:-1] + [-1] * width)[:width] for r in chunks[0]]
+    assert collate(chunks[0], pad_id=-1).input_ids.tolist() == expected

@@ -19,10 +19,10 @@ window ends the episode as a budget stop.
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from opencomposer.agent.errors import FormatError, LimitsExceeded, NonTerminating, Submitted
-from opencomposer.agent.policy import Context, Policy, PolicyError, PolicyOutput
+from opencomposer.agent.policy import PolicyError
 from opencomposer.agent.protocol import (
     TokenTranscript,
     initial_messages,
@@ -32,16 +32,21 @@ from opencomposer.agent.protocol import (
 )
 from opencomposer.agent.tools import Toolbox, ToolError, tool_schemas
 from opencomposer.config import AgentConfig
+from opencomposer.model.tokenizer import THINK_CLOSE, THINK_OPEN
+from opencomposer.protocols import Policy, Summarizer
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
-from opencomposer.types import Episode, EpisodeStatus, Message, Segment, Task, TokenKind, ToolCall, Turn
-
-
-class Summarizer(Protocol):
-    """Closes a segment when its context is full and opens the next one (RECIPE.md §5)."""
-
-    def should_summarize(self, loop: AgentLoop) -> bool: ...
-
-    def summarize(self, loop: AgentLoop) -> list[Message]: ...
+from opencomposer.types import (
+    Context,
+    Episode,
+    EpisodeStatus,
+    Message,
+    PolicyOutput,
+    Segment,
+    Task,
+    TokenKind,
+    ToolCall,
+    Turn,
+)
 
 
 class AgentLoop:
@@ -160,7 +165,9 @@ class AgentLoop:
                         text=content, routes=output.routes)
         else:
             self.messages.append(Message("assistant", output.text, tool_calls=list(output.tool_calls or [])))
-            turn = Turn(token_ids=[], logprobs=[], token_kinds=[], text=output.text)
+            # the turn keeps a server's separate thinking in the shape a sampled turn has it
+            text = f"{THINK_OPEN}{output.reasoning}{THINK_CLOSE}\n{output.text}" if output.reasoning else output.text
+            turn = Turn(token_ids=[], logprobs=[], token_kinds=[], text=text)
         turn.finish_reason = output.finish_reason
         turn.policy_version = output.policy_version
         self.segment.turns.append(turn)

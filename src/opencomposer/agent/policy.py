@@ -1,4 +1,5 @@
-"""The ``Policy`` protocol: what the agent loop asks of a model, and how specs name policies.
+"""How specs name policies, and the policy error. The ``Policy`` protocol itself lives in
+``opencomposer.protocols``; ``Context`` and ``PolicyOutput`` in ``opencomposer.types``.
 
 A policy turns the current context into one model turn. Token-in/token-out policies (the local
 sampler, the scripted policy given a tokenizer) expose ``tokenizer`` and read
@@ -14,12 +15,12 @@ each name maps to a factory import path in ``POLICIES`` and is imported on use.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
-import numpy as np
+from opencomposer.protocols import Policy
+from opencomposer.types import Context, PolicyOutput
 
-from opencomposer.types import Message, Task, ToolCall
+__all__ = ["POLICIES", "Context", "Policy", "PolicyError", "PolicyOutput", "make_policy"]
 
 if TYPE_CHECKING:
     from opencomposer.config import Config
@@ -28,45 +29,6 @@ if TYPE_CHECKING:
 class PolicyError(RuntimeError):
     """The policy backend failed (server unreachable after retries, engine crash): an
     infrastructure error, recorded as ``EpisodeStatus.INFRA_ERROR``."""
-
-
-@dataclass
-class Context:
-    """What a policy sees before its turn."""
-
-    task: Task
-    messages: list[Message]  # the segment's chat transcript so far
-    token_ids: list[int] | None  # the exact context ids, for token-in/token-out policies
-    turn_index: int  # turns taken so far in this episode
-    max_new_tokens: int  # what the budgets leave for this turn
-    seed: int = 0  # per-episode seed for sampling
-
-
-@dataclass
-class PolicyOutput:
-    """One model turn. ``token_ids`` / ``logprobs`` / ``routes`` (``[tokens, moe_layers, top_k]``)
-    come from token-level policies; ``tool_calls`` from servers with native function calling
-    (None means: parse them from ``text``)."""
-
-    text: str
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    routes: np.ndarray | None = None
-    finish_reason: str = "stop"
-    tool_calls: list[ToolCall] | None = None
-    format_error: str | None = None  # native tool calls that could not be read
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
-    policy_version: int = 0
-
-
-@runtime_checkable
-class Policy(Protocol):
-    name: str
-    tokenizer: Any | None  # set for token-in/token-out policies
-
-    def act(self, context: Context) -> PolicyOutput: ...
 
 
 POLICIES = {

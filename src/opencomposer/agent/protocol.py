@@ -16,6 +16,10 @@ Reasoning may sit in ``<think>...</think>``; tool-call markers inside it are not
   context the engine saw, and its text is the template's rendering of the messages.
 - ``token_kinds`` labels each sampled token (thinking, tool call, final message) for the length
   penalty.
+- ``split_reasoning`` separates ``<think>`` blocks from the rest of a turn (the OpenAI-compatible
+  server's ``reasoning_content``); ``text_protocol_messages`` writes a transcript for servers that
+  have no tool-call parser: tools in the system prompt, calls and results as plain text, exactly
+  as the chat template renders them from ``tools`` and tool messages.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opencomposer.agent.errors import FormatError
-from opencomposer.model.tokenizer import THINK_CLOSE, THINK_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from opencomposer.model.tokenizer import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    tool_responses_text,
+    tools_system_text,
+)
 from opencomposer.types import Message, TokenKind, ToolCall
 
 SYSTEM_PROMPT = """\
@@ -167,6 +178,23 @@ def _check_call_object(obj: Any, number: int) -> str | None:
     return None
 
 
+def split_reasoning(text: str) -> tuple[str, str]:
+    """``(reasoning, rest)``: the insides of the turn's ``<think>`` blocks (an unclosed block runs
+    to the end), joined and stripped, and the text around them. ``rest`` is stripped only when a
+    block was taken out of it, so a turn without thinking comes back unchanged."""
+    thoughts, kept, pos = [], [], 0
+    while (start := text.find(THINK_OPEN, pos)) != -1:
+        end = _think_end(text, start)
+        closed = text.endswith(THINK_CLOSE, 0, end)
+        kept.append(text[pos:start])
+        thoughts.append(text[start + len(THINK_OPEN) : end - len(THINK_CLOSE) if closed else end].strip())
+        pos = end
+    if not thoughts:
+        return "", text
+    kept.append(text[pos:])
+    return "\n\n".join(t for t in thoughts if t), "".join(kept).strip()
+
+
 def parse_tool_calls(text: str, turn_index: int = 0) -> list[ToolCall]:
     """The tool calls of a turn, or ``FormatError`` with a message for the model."""
     parsed = parse_turn(text, turn_index)
@@ -190,6 +218,34 @@ def message_dicts(messages: list[Message]) -> list[dict[str, Any]]:
                 for c in m.tool_calls
             ]
         out.append(d)
+    return out
+
+
+def text_protocol_messages(messages: list[Message], tools: list[dict[str, Any]]) -> list[Message]:
+    """The transcript for a server sent no ``tools``: the schemas join the system prompt, native
+    tool calls become ``<tool_call>`` text and tool results one user turn of ``<tool_response>``
+    blocks. Rendered by ``CHAT_TEMPLATE`` without tools this is the text that ``messages`` with
+    ``tools`` render to, so the model reads the same prompt either way."""
+    out: list[Message] = []
+    results: list[str] = []
+    for m in messages:
+        if m.role == "tool":
+            results.append(m.content)
+            continue
+        if results:
+            out.append(Message("user", tool_responses_text(results)))
+            results = []
+        if m.role == "system" and not out:
+            out.append(Message("system", tools_system_text(m.content, tools)))
+        elif m.role == "assistant" and m.tool_calls:
+            calls = "".join("\n" + format_tool_call(c.name, c.arguments) for c in m.tool_calls)
+            out.append(Message("assistant", m.content + calls))
+        else:
+            out.append(Message(m.role, m.content))
+    if results:
+        out.append(Message("user", tool_responses_text(results)))
+    if not out or out[0].role != "system":
+        out.insert(0, Message("system", tools_system_text(None, tools)))
     return out
 
 

@@ -1,4 +1,4 @@
-"""``opencomposer eval``: run a policy over a task suite and score it.
+"""Run a policy over a task suite and score it (the library behind ``opencomposer eval``).
 
 Every task runs ``passes`` times, ``workers`` episodes at a time (threads; each episode has its
 own sandboxes, so the work happens in subprocesses). Outputs, under the output folder:
@@ -14,9 +14,7 @@ run goes on.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import threading
 import time
 import traceback
@@ -26,11 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from opencomposer.agent.policy import Policy, make_policy
-from opencomposer.bench.summary import summarize, summary_table
-from opencomposer.config import Config, ConfigError, load_recipe
+from opencomposer.agent.policy import Policy
+from opencomposer.bench.summary import row_grade, summarize
+from opencomposer.config import Config
 from opencomposer.envs.rollout import run_episode
-from opencomposer.tasks.format import TaskFormatError, load_suite
 from opencomposer.types import Episode, EpisodeStatus, Task
 
 
@@ -52,7 +49,8 @@ def episode_row(task: Task, episode: Episode, pass_index: int, policy_name: str)
         "status": episode.status.value,
         "error": episode.error,
         "reward": episode.reward,
-        **{k: v for k, v in episode.metrics.items()},
+        **episode.metrics,
+        **(episode.grade.to_json() if episode.grade is not None else {}),  # the reward.json names
         "tokens": tokens,
         "final_message": episode.final_message,
         "diff": episode.diff,
@@ -136,7 +134,7 @@ def run_eval(
 
 
 def _resolved_so_far(rows: list[dict[str, Any]]) -> float:
-    scored = [r.get("resolved", 0.0) for r in rows if r["status"] != "infra_error"]
+    scored = [float(grade.resolved) for grade in map(row_grade, rows) if grade is not None]
     return sum(scored) / len(scored) if scored else 0.0
 
 
@@ -151,30 +149,3 @@ def _run_jobs(jobs: list, fn: Any, workers: int, on_done: Any) -> None:
         for future in as_completed(futures):
             future.result()
             on_done()
-
-
-def main(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides)
-    for flag, key in (("suite", "eval.suite"), ("policy", "eval.policy"), ("passes", "eval.passes"),
-                      ("workers", "eval.workers"), ("limit", "eval.limit"), ("out", "eval.out_dir")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides.append(f"{key}={json.dumps(value) if isinstance(value, str) else value}")
-    config = load_recipe(args.recipe, overrides)
-    if not config.eval.suite:
-        raise ConfigError("eval.suite: no suite given; pass --suite DIR (a folder of task folders)")
-    try:
-        tasks = load_suite(config.eval.suite)
-    except TaskFormatError as e:
-        print(f"opencomposer eval: {e}", file=sys.stderr)
-        return 2
-    if config.eval.limit:
-        tasks = tasks[: config.eval.limit]
-    policy = make_policy(config.eval.policy, config)
-    out_dir = Path(config.eval.out_dir) if config.eval.out_dir else config.run.path / "eval"
-    result = run_eval(tasks, policy, config, out_dir, passes=config.eval.passes, workers=config.eval.workers)
-    from rich.console import Console
-
-    Console().print(summary_table(result.summary, title=f"{policy.name} on {config.eval.suite}"))
-    print(f"results: {out_dir / 'results.jsonl'}")
-    return 0

@@ -1,5 +1,6 @@
 """Statistics of an evaluation run: resolved rate with a confidence interval, quality, tokens,
-latency and cost, from the rows of ``results.jsonl`` (one row per episode).
+latency and cost, from the rows of ``results.jsonl`` (one row per episode; the grade's fields are
+read back as a ``types.Grade`` by ``row_grade``).
 
 Scores follow CursorBench practice (RECIPE.md §8): each task's score is the mean over its passes,
 the suite's score the mean over tasks. The 95% interval is Wilson's score interval on that mean
@@ -14,8 +15,9 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from opencomposer.types import Grade
+
 TOKEN_KINDS = ("prompt", "thinking", "tool_call", "tool_output", "final_message")
-QUALITY = ("lines_changed", "files_changed", "todo_added", "comment_lines_added", "lint_added")
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -39,12 +41,18 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def row_grade(row: dict[str, Any]) -> Grade | None:
+    """The grade of a ``results.jsonl`` row; None for an infrastructure error (never graded)."""
+    return None if row["status"] == "infra_error" else Grade.from_json(row)
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     scored = [r for r in rows if r["status"] != "infra_error"]
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in scored:
-        by_task[row["task_id"]].append(row)
-    task_resolved = [_mean([r.get("resolved", 0.0) for r in rs]) for rs in by_task.values()]
+    grades = [Grade.from_json(r) for r in scored]
+    by_task: dict[str, list[Grade]] = defaultdict(list)
+    for row, grade in zip(scored, grades, strict=True):
+        by_task[row["task_id"]].append(grade)
+    task_resolved = [_mean([float(g.resolved) for g in gs]) for gs in by_task.values()]
     resolved = _mean(task_resolved)
     low, high = wilson_interval(resolved, len(task_resolved))
     summary: dict[str, Any] = {
@@ -54,11 +62,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "timeouts": sum(r["status"] == "timeout" for r in scored),
         "resolved": resolved,
         "resolved_ci95": [low, high],
-        "fail_to_pass": _mean([r.get("fail_to_pass", 0.0) for r in scored]),
-        "pass_to_pass": _mean([r.get("pass_to_pass", 0.0) for r in scored]),
+        "fail_to_pass": _mean([g.fail_to_pass for g in grades]),
+        "pass_to_pass": _mean([g.pass_to_pass for g in grades]),
+        "lines_changed": _mean([g.lines_changed for g in grades]),
+        "files_changed": _mean([g.files_changed for g in grades]),
+        "todo_added": _mean([g.todo_added for g in grades]),
+        "comment_lines_added": _mean([g.comment_lines_added for g in grades]),
+        "lint_added": _mean([g.lint_added for g in grades]),
     }
-    for name in QUALITY:
-        summary[name] = _mean([r.get(name, 0.0) for r in scored])
     for kind in TOKEN_KINDS:
         summary[f"tokens_{kind}"] = _mean([r.get("tokens", {}).get(kind, 0) for r in scored])
     summary["completion_tokens"] = _mean([r.get("completion_tokens", 0.0) for r in scored])
@@ -67,7 +78,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     walls = [r.get("wall_s", 0.0) for r in scored]
     summary["wall_s_p50"] = _quantile(walls, 0.5)
     summary["wall_s_p90"] = _quantile(walls, 0.9)
-    summary["grading_s"] = _mean([r.get("grading_s", 0.0) for r in scored])
+    summary["grading_s"] = _mean([g.grading_s for g in grades])
     summary["cost_total"] = sum(r.get("cost", 0.0) for r in rows)
     summary["cost_per_episode"] = _mean([r.get("cost", 0.0) for r in scored])
     return summary

@@ -16,22 +16,22 @@ Stages 2-4 run when the recipe names a task family (``sft.task_family``) and ``r
 from __future__ import annotations
 
 import argparse
-import copy
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from opencomposer.config import Config, load_recipe
+from opencomposer.commands import load_recipe_or_packaged
+from opencomposer.config import Config
 
-DEFAULT_RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "quickstart.toml"
+DEFAULT_RECIPE = "quickstart.toml"  # shipped in opencomposer/recipes/
 
 
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    recipe = args.recipe or (DEFAULT_RECIPE if DEFAULT_RECIPE.is_file() else None)
-    config = load_recipe(recipe, ["run.name=quickstart", *args.overrides] if recipe is None else args.overrides)
+    config = load_recipe_or_packaged(args.recipe, args.overrides, default=DEFAULT_RECIPE)
     console = Console()
     console.rule("[bold]opencomposer quickstart")
     started = time.perf_counter()
@@ -70,13 +70,13 @@ def stage_configs(config: Config, checkpoint: Path) -> tuple[Config, Config]:
     """The SFT and RL recipes of stages 2 and 3, derived from the quickstart recipe: SFT fine-tunes
     the pretrained ``checkpoint`` into ``{run}/sft``; RL starts from there and runs in ``{run}/rl``."""
     run_dir = config.run.path
-    sft = copy.deepcopy(config)
-    sft.sft.init, sft.sft.out = str(checkpoint), str(run_dir / "sft")
-    rl = copy.deepcopy(config)
-    rl.model.kind, rl.model.path = "hf", str(run_dir / "sft")
-    rl.run.out_dir, rl.run.name = str(run_dir), "rl"
-    if not rl.rl.task_family:
-        rl.rl.task_family = config.sft.task_family
+    sft = replace(config, sft=replace(config.sft, init=str(checkpoint), out=str(run_dir / "sft")))
+    rl = replace(
+        config,
+        model=replace(config.model, kind="hf", path=str(run_dir / "sft")),
+        run=replace(config.run, out_dir=str(run_dir), name="rl"),
+        rl=replace(config.rl, task_family=config.rl.task_family or config.sft.task_family),
+    )
     return sft, rl
 
 

@@ -1,9 +1,11 @@
-"""Handlers of ``opencomposer tasks ...``: check a suite, import from and export to other formats."""
+"""Handlers of ``opencomposer tasks ...``: check, import, export, generate, mine, measure and validate
+suites. ``--workers`` is a shorthand for ``--set tasks.workers=N`` (declared in ``cli.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from opencomposer.config import load_recipe
@@ -61,4 +63,107 @@ def export_main(args: argparse.Namespace) -> int:
     except (TaskFormatError, FileExistsError, ValueError) as e:
         print(f"opencomposer tasks export: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def generate_main(args: argparse.Namespace) -> int:
+    from opencomposer.tasks.generators.registry import TaskFactory, generate
+    from opencomposer.tasks.generators.source import load_source
+
+    config = load_recipe(args.recipe, args.overrides)
+    out = Path(args.out)
+    if args.count < 1:
+        print(f"opencomposer tasks generate: --count must be >= 1, got {args.count}", file=sys.stderr)
+        return 2
+    if args.kind == "tiny":
+        from opencomposer.tasks.generators.tiny import write_tiny_suite
+
+        tasks = write_tiny_suite(out, args.count, seed=args.seed, split=args.split, sandbox=config.sandbox)
+        print(f"{len(tasks)} tiny task(s) in {out}")
+        return 0
+    sources = [load_source(Path(s)) for s in args.source] if args.source else None
+    factory = TaskFactory(args.kind, seed=args.seed, split=args.split, config=config.tasks,
+                          sandbox=config.sandbox, sources=sources)
+    started = time.monotonic()
+    results = generate(factory, args.count, out, start=args.start, workers=config.tasks.workers)
+    made = [r for r in results if r.task is not None]
+    failed = [r for r in results if r.task is None]
+    minutes = (time.monotonic() - started) / 60
+    print(f"{len(made)} verified task(s) in {out} ({len(made) / max(minutes, 1e-9):.1f} per minute); "
+          f"{sum(len(r.attempts) - 1 for r in made) + sum(len(r.attempts) for r in failed)} candidate(s) "
+          f"rejected; report: {out / 'generation.json'}")
+    for result in failed:
+        print(f"  index {result.index}: no task after {len(result.attempts)} attempt(s); last: "
+              f"{result.attempts[-1].reason if result.attempts else '-'}", file=sys.stderr)
+    return 0 if len(made) == args.count else 1
+
+
+def mine_main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from opencomposer.tasks.mining import MiningError, mine
+
+    config = load_recipe(args.recipe, args.overrides)
+    try:
+        records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
+                       config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers, progress=True)
+    except MiningError as e:
+        print(f"opencomposer tasks mine: {e}", file=sys.stderr)
+        return 2
+    table = Table(title=f"{args.repo}: {sum(r.task_id is not None for r in records)} task(s) from "
+                        f"{len(records)} commit(s)")
+    for column in ("commit", "subject", "task / why not"):
+        table.add_column(column)
+    for record in records:
+        outcome = f"[green]{record.task_id}[/] ({len(record.fail_to_pass)} fail->pass)" if record.task_id \
+            else f"[yellow]{record.reason}[/]"
+        table.add_row(record.sha[:10], record.subject[:60], outcome)
+    Console().print(table)
+    print(f"report: {Path(args.out) / 'mining.json'}")
+    return 0
+
+
+def stats_main(args: argparse.Namespace) -> int:
+    """Print the table, write the PNG."""
+    from rich.console import Console
+
+    from opencomposer.tasks.stats import plot, stats_table, summarize, task_stats
+
+    try:
+        tasks = load_suite(Path(args.suite))
+    except TaskFormatError as e:
+        print(f"opencomposer tasks stats: {e}", file=sys.stderr)
+        return 2
+    rows = [task_stats(t) for t in tasks]
+    name = Path(args.suite).resolve().name
+    png = Path(args.png) if args.png else load_recipe(args.recipe, args.overrides).run.path / "stats" / f"{name}.png"
+    title = f"{name}: {len(rows)} tasks"
+    Console(width=max(Console().width, 110)).print(stats_table(summarize(rows), title))  # never wrap a row
+    print(f"histogram: {plot(rows, png, title)}")
+    return 0
+
+
+def validate_main(args: argparse.Namespace) -> int:
+    """Exit 1 when a task drifted, 2 when the suite is unreadable."""
+    from opencomposer.config import GradingConfig
+    from opencomposer.tasks.validation import validate_suite
+
+    config = load_recipe(args.recipe, args.overrides)
+    try:
+        tasks = load_suite(Path(args.suite))
+    except TaskFormatError as e:
+        print(f"opencomposer tasks validate: {e}", file=sys.stderr)
+        return 2
+    grading = GradingConfig(lint=False, timeout_s=config.grading.timeout_s,
+                            per_test_timeout_s=config.grading.per_test_timeout_s)
+    checks = validate_suite(tasks, config.sandbox, grading, workers=config.tasks.workers)
+    drifted = [c for c in checks if c.drifted]
+    if drifted:
+        print(f"{len(drifted)} of {len(checks)} task(s) drifted:")
+        for check in drifted:
+            for problem in check.problems:
+                print(f"  {check.task_id}: {problem}")
+        return 1
+    print(f"all {len(checks)} task(s) hold: gold resolves, the untouched repository does not")
     return 0

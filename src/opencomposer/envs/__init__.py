@@ -1,5 +1,7 @@
-"""The runtime harness: ``grading.grade`` (hidden tests, rubric and lint in the sandbox, written as
-``reward.json``) and ``rollout.run_episode`` (sandbox + agent loop + grading for one episode).
+"""The runtime harness: ``grading.grade`` (hidden tests, rubric and lint in the sandbox; a
+``types.Grade``, written as ``reward.json``), ``testrun.run_tests`` (the one pytest runner, which
+grading and the task generators share) and ``rollout.run_episode`` (sandbox + agent loop + grading
+for one episode).
 
 Not here: the sandbox itself (``sandbox``), task folders and generators (``tasks``).
 """

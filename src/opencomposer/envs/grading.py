@@ -5,11 +5,12 @@ Order (docs/task-format.md, "Grading order"):
 1. a fresh sandbox is made from the task's ``repo/`` and the agent's diff is applied to it;
 2. every protected path is restored from ``repo/`` (removed if ``repo/`` lacks it), then
    ``tests/files/`` is overlaid, so editing or deleting tests gains the agent nothing;
-3. the task's ``test_command`` runs in the sandbox; pytest is asked (through ``PYTEST_ADDOPTS``)
-   for a JUnit XML report, a per-test timeout when pytest-timeout is installed, and no cache;
+3. the task's ``test_command`` runs in the sandbox through ``envs.testrun.run_tests`` (a JUnit
+   report, a per-test timeout when pytest-timeout is installed, no cache);
 4. per-test outcomes give the FAIL_TO_PASS and PASS_TO_PASS fractions; the rubric is checked;
-   the diff is measured (files and lines changed, TODO/FIXME/XXX and comment lines added, ruff
-   findings added on touched Python files); ``reward.json`` gets the named numbers.
+   the diff is measured (``sandbox.patch.diff_stats``: files and lines changed, TODO/FIXME/XXX and
+   comment lines added; ruff findings added on touched Python files). The result is a ``Grade``
+   (``types.Grade``), written as ``reward.json`` by ``Grade.to_json``.
 
 Resolution follows the listed tests: failures of unrelated tests do not block it (the exit code
 is recorded as ``test_exit_code``), and a missing or unreadable report fails every listed test.
@@ -26,8 +27,8 @@ among their protected paths.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import importlib.util
 import json
 import re
 import shutil
@@ -35,24 +36,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-import xml.etree.ElementTree as ElementTree
 from concurrent.futures import Future
 from pathlib import Path
 
 from opencomposer.config import GradingConfig, SandboxConfig
+from opencomposer.envs.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import PatchError, apply_patch, copy_tree, diff_stats
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
-from opencomposer.types import Task
-
-REPORT_DIR = ".opencomposer"
-MAX_REPORT_BYTES = 64 << 20
-TODO_MARKER = re.compile(r"\b(TODO|FIXME|XXX)\b")
-COMMENT_PREFIX = {
-    ".py": "#", ".sh": "#", ".toml": "#", ".yaml": "#", ".yml": "#", ".cfg": "#", ".rb": "#", ".pl": "#",
-    ".js": "//", ".ts": "//", ".tsx": "//", ".jsx": "//", ".c": "//", ".h": "//", ".cc": "//", ".cpp": "//",
-    ".go": "//", ".rs": "//", ".java": "//", ".kt": "//", ".swift": "//",
-}
+from opencomposer.types import Grade, Task
 
 
 class GradingInfraError(RuntimeError):
@@ -66,7 +57,7 @@ def grade(
     sandbox_config: SandboxConfig | None = None,
     config: GradingConfig | None = None,
     out_dir: Path | None = None,
-) -> dict[str, float]:
+) -> Grade:
     """Score the agent's ``diff`` on ``task``; writes ``reward.json`` into ``out_dir`` if given."""
     config = config or GradingConfig()
     started = time.monotonic()
@@ -74,15 +65,6 @@ def grade(
         stats = diff_stats(diff)
     except PatchError as e:
         raise GradingInfraError(f"the agent's diff cannot be parsed: {e}") from e
-    reward: dict[str, float] = {
-        "files_changed": float(stats.files_changed),
-        "lines_added": float(stats.lines_added),
-        "lines_removed": float(stats.lines_removed),
-        "lines_changed": float(stats.lines_added + stats.lines_removed),
-        "todo_added": float(sum(bool(TODO_MARKER.search(line)) for lines in stats.added_lines.values()
-                                for line in lines)),
-        "comment_lines_added": float(_comment_lines(stats.added_lines)),
-    }
     try:
         sandbox = Sandbox(task.repo, sandbox_config, workdir=task.workdir)
     except SandboxError as e:
@@ -93,25 +75,44 @@ def grade(
         except (PatchError, OSError) as e:
             raise GradingInfraError(f"the agent's diff does not apply to a fresh copy of the repo: {e}") from e
         touched_py = [p for p in stats.paths if p.endswith(".py")]
-        reward["lint_added"] = float(_lint_added(task.repo, sandbox.workspace, touched_py) if config.lint else 0)
+        lint_added = _lint_added(task.repo, sandbox.workspace, touched_py) if config.lint else 0
         _restore_protected(task, sandbox.workspace)
         if task.tests_dir is not None:
             copy_tree(task.tests_dir, sandbox.workspace)
-        results, exit_code, timed_out = _run_tests(task, sandbox, config)
-    reward.update(_test_scores(task, results, exit_code, timed_out))
-    reward["rubric_ok"] = float(_rubric_ok(task, stats.paths, final_message))
-    reward["resolved"] = float(
-        reward["fail_to_pass"] == 1.0 and reward["pass_to_pass"] == 1.0 and reward["rubric_ok"] == 1.0
+        run = _run_tests(task, sandbox, config)
+
+    def fraction(ids: list[str]) -> float:
+        return 1.0 if not ids else sum(run.outcomes.get(i) == "passed" for i in ids) / len(ids)
+
+    fail_to_pass, pass_to_pass = fraction(task.fail_to_pass), fraction(task.pass_to_pass)
+    rubric_ok = _rubric_ok(task, stats.paths, final_message)
+    verdict = Grade(
+        resolved=fail_to_pass == 1.0 and pass_to_pass == 1.0 and rubric_ok,
+        fail_to_pass=fail_to_pass,
+        pass_to_pass=pass_to_pass,
+        tests_passed=run.count("passed"),
+        tests_failed=run.count("failed"),
+        tests_errored=run.count("error"),
+        test_exit_code=run.exit_code,
+        test_timed_out=run.timed_out,
+        rubric_ok=rubric_ok,
+        files_changed=stats.files_changed,
+        lines_added=stats.lines_added,
+        lines_removed=stats.lines_removed,
+        lines_changed=stats.lines_changed,
+        todo_added=stats.todo_lines_added(),
+        comment_lines_added=stats.comment_lines_added(),
+        lint_added=lint_added,
+        grading_s=time.monotonic() - started,
     )
-    reward["grading_s"] = time.monotonic() - started
-    _write_reward(out_dir, reward)
-    return reward
+    _write_reward(out_dir, verdict)
+    return verdict
 
 
-def _write_reward(out_dir: Path | None, reward: dict[str, float]) -> None:
+def _write_reward(out_dir: Path | None, verdict: Grade) -> None:
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "reward.json").write_text(json.dumps(reward, indent=2, sort_keys=True) + "\n")
+        (Path(out_dir) / "reward.json").write_text(json.dumps(verdict.to_json(), indent=2, sort_keys=True) + "\n")
 
 
 class GradeCache:
@@ -142,7 +143,7 @@ class GradeCache:
         sandbox_config: SandboxConfig | None = None,
         config: GradingConfig | None = None,
         out_dir: Path | None = None,
-    ) -> dict[str, float]:
+    ) -> Grade:
         """``grade(...)``, or the grade an earlier call with the same key computed."""
         started = time.monotonic()
         change = hashlib.sha256(f"{diff}\0{final_message}".encode()).hexdigest()
@@ -167,10 +168,10 @@ class GradeCache:
                         del self._entries[key]
                 future.set_exception(e)
                 raise
-            return dict(future.result())
-        reward = {**future.result(), "grading_s": time.monotonic() - started}
-        _write_reward(out_dir, reward)
-        return reward
+            return future.result()
+        reused = dataclasses.replace(future.result(), grading_s=time.monotonic() - started)
+        _write_reward(out_dir, reused)
+        return reused
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,78 +192,14 @@ def _restore_protected(task: Task, workspace: Path) -> None:
             shutil.copy2(source, target)
 
 
-def _run_tests(task: Task, sandbox: Sandbox, config: GradingConfig) -> tuple[dict[str, str], int, bool]:
-    """Run the test command; returns (outcome by node id, exit code, timed out)."""
+def _run_tests(task: Task, sandbox: Sandbox, config: GradingConfig) -> TestRun:
     if not task.fail_to_pass and not task.pass_to_pass:
-        return {}, 0, False
-    report = f"{REPORT_DIR}/junit-{uuid.uuid4().hex[:8]}.xml"
-    addopts = [f"--junitxml={sandbox.command_path(report)}", "-o", "junit_family=xunit1", "-p", "no:cacheprovider"]
-    env = {}
-    if importlib.util.find_spec("pytest_timeout") is not None:
-        addopts += ([] if config.autoload_plugins else ["-p", "pytest_timeout"])
-        addopts.append(f"--timeout={config.per_test_timeout_s:g}")
-    if not config.autoload_plugins:
-        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env["PYTEST_ADDOPTS"] = " ".join(addopts)
+        return TestRun({}, 0, False, 0.0)  # nothing to look up: a task judged by its rubric alone
     try:
-        result = sandbox.run(task.test_command, timeout_s=config.timeout_s, env=env)
+        return run_tests(sandbox, task.test_command, timeout_s=config.timeout_s,
+                         per_test_timeout_s=config.per_test_timeout_s, autoload_plugins=config.autoload_plugins)
     except SandboxError as e:
         raise GradingInfraError(f"the test command could not be started: {e}") from e
-    path = sandbox.workspace / report
-    results: dict[str, str] = {}
-    if path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_REPORT_BYTES:
-        results = parse_junit(path.read_bytes())
-    return results, result.exit_code, result.timed_out
-
-
-def parse_junit(data: bytes) -> dict[str, str]:
-    """Outcome (passed, failed, error, skipped) of each pytest node id in an xunit1 JUnit report."""
-    try:
-        root = ElementTree.fromstring(data)
-    except ElementTree.ParseError:
-        return {}
-    results: dict[str, str] = {}
-    for case in root.iter("testcase"):
-        node = junit_node_id(case.get("file"), case.get("classname", ""), case.get("name", ""))
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
-                if outcome != "skipped":
-                    break
-        if results.get(node) in ("failed", "error"):
-            continue  # a teardown error is reported as a second case; keep the worse outcome
-        results[node] = outcome
-    return results
-
-
-def junit_node_id(file: str | None, classname: str, name: str) -> str:
-    """Rebuild ``path/to/test_x.py::Class::test_name`` from xunit1 attributes."""
-    if file:
-        module = file[:-3].replace("/", ".") if file.endswith(".py") else file
-        rest = classname[len(module) + 1 :] if classname.startswith(module + ".") else ""
-        return file + ("::" + rest.replace(".", "::") if rest else "") + "::" + name
-    parts = classname.split(".")
-    for split in range(len(parts), 0, -1):  # no file attribute: guess where the module ends
-        if parts[split - 1].startswith("test"):
-            path = "/".join(parts[:split]) + ".py"
-            return "::".join([path, *parts[split:], name])
-    return f"{classname.replace('.', '/')}.py::{name}"
-
-
-def _test_scores(task: Task, results: dict[str, str], exit_code: int, timed_out: bool) -> dict[str, float]:
-    def fraction(ids: list[str]) -> float:
-        return 1.0 if not ids else sum(results.get(i) == "passed" for i in ids) / len(ids)
-
-    return {
-        "fail_to_pass": fraction(task.fail_to_pass),
-        "pass_to_pass": fraction(task.pass_to_pass),
-        "tests_passed": float(sum(v == "passed" for v in results.values())),
-        "tests_failed": float(sum(v == "failed" for v in results.values())),
-        "tests_errored": float(sum(v == "error" for v in results.values())),
-        "test_exit_code": float(exit_code),
-        "test_timed_out": float(timed_out),
-    }
 
 
 def _rubric_ok(task: Task, changed: list[str], final_message: str | None) -> bool:
@@ -276,15 +213,6 @@ def _rubric_ok(task: Task, changed: list[str], final_message: str | None) -> boo
         if any(p == forbidden or p.startswith(forbidden + "/") for p in changed):
             return False
     return "max_files_changed" not in rubric or len(changed) <= rubric["max_files_changed"]
-
-
-def _comment_lines(added: dict[str, list[str]]) -> int:
-    count = 0
-    for path, lines in added.items():
-        prefix = COMMENT_PREFIX.get(Path(path).suffix)
-        if prefix:
-            count += sum(line.lstrip().startswith(prefix) for line in lines)
-    return count
 
 
 def ruff_executable() -> str:

@@ -17,7 +17,7 @@ from opencomposer.agent.policy import Policy
 from opencomposer.config import Config
 from opencomposer.envs.grading import GradingInfraError, grade
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
-from opencomposer.types import Episode, EpisodeStatus, Task
+from opencomposer.types import Episode, EpisodeStatus, Grade, Task
 
 
 def run_episode(
@@ -28,7 +28,7 @@ def run_episode(
     seed: int = 0,
     sample_index: int = 0,
     out_dir: Path | None = None,
-    grader: Callable[..., dict[str, float]] = grade,
+    grader: Callable[..., Grade] = grade,
 ) -> Episode:
     """Roll out ``policy`` on ``task`` and grade the result (``reward.json`` goes to ``out_dir``);
     ``grader`` has ``grade``'s signature (``GradeCache.grade`` reuses grades of identical changes)."""
@@ -43,7 +43,7 @@ def run_episode(
             return episode
         episode.diff = sandbox.diff()
     try:
-        reward = grader(task, episode.diff, episode.final_message, config.sandbox, config.grading, out_dir)
+        episode.grade = grader(task, episode.diff, episode.final_message, config.sandbox, config.grading, out_dir)
     except GradingInfraError as e:
         episode.status = EpisodeStatus.INFRA_ERROR
         episode.error = f"grading failed: {e}"
@@ -52,6 +52,5 @@ def run_episode(
         episode.status = EpisodeStatus.INFRA_ERROR
         episode.error = "the grader crashed:\n" + traceback.format_exc(limit=20)
         return episode
-    episode.metrics.update(reward)  # the reward.json names, which opencomposer.rl.rewards reads
-    episode.reward = reward["resolved"]
+    episode.reward = float(episode.grade.resolved)
     return episode

@@ -1,10 +1,11 @@
 """Inference engines: the ``Engine`` protocol and its in-process implementation.
 
-``LocalEngine`` is imported lazily so that ``opencomposer.inference.engine`` (the light protocol
-module) never pulls in torch.
+``Engine`` is defined in ``opencomposer.protocols`` and its records in ``opencomposer.types``;
+``LocalEngine`` is imported lazily so that importing this package never pulls in torch.
 """
 
-from opencomposer.inference.engine import Completion, Engine, SamplingParams
+from opencomposer.protocols import Engine
+from opencomposer.types import Completion, SamplingParams
 
 __all__ = ["Completion", "Engine", "LocalEngine", "SamplingParams"]
 

@@ -42,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from opencomposer.inference.engine import Completion, Engine, SamplingParams
 from opencomposer.inference.local import row_seed
+from opencomposer.protocols import Engine
+from opencomposer.types import Completion, SamplingParams
 
 
 @dataclass

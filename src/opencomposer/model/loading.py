@@ -11,7 +11,6 @@ init, with our own byte-level BPE tokenizer trained on the local code corpus (ca
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
@@ -27,6 +26,7 @@ from opencomposer.io import cache_dir
 from opencomposer.model.tokenizer import END_OF_TEXT, IM_END, load_tokenizer, stop_token_ids
 
 TINY_KINDS = ("tiny_moe", "tiny_deepseek_v3")
+MODEL_KINDS = (*TINY_KINDS, "hf", "smollm2")  # every model.kind built here; "hf" also needs a folder
 
 
 def resolve_spec(spec: ModelConfig | str | Path) -> ModelConfig:
@@ -35,13 +35,12 @@ def resolve_spec(spec: ModelConfig | str | Path) -> ModelConfig:
         spec.validate()
         return spec
     text = str(spec)
-    if text in ("tiny_moe", "tiny_deepseek_v3", "smollm2"):
+    if text in MODEL_KINDS and text != "hf":
         return ModelConfig(kind=text)
     if Path(text).is_dir():
         return ModelConfig(kind="hf", path=text)
-    raise ConfigError(
-        f"model spec {text!r}: expected 'tiny_moe', 'tiny_deepseek_v3', 'smollm2' or a checkpoint folder"
-    )
+    names = ", ".join(repr(kind) for kind in MODEL_KINDS if kind != "hf")
+    raise ConfigError(f"model spec {text!r}: expected {names} or a checkpoint folder")
 
 
 def load_model(
@@ -187,25 +186,3 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     top_k = getattr(config, "num_experts_per_tok", 0) or 0
     active = total - expert + (expert * top_k // num if num else 0)
     return {"total": total, "experts": expert, "active": active}
-
-
-def info_main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from opencomposer.config import load_recipe
-    from opencomposer.model.routing import moe_routers
-
-    config = load_recipe(args.recipe, args.overrides)
-    model, tokenizer = load_model(config.model, seed=config.run.seed)
-    counts = parameter_counts(model)
-    table = Table(title=f"{config.model.kind}: {type(model).__name__}")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    table.add_row("parameters", f"{counts['total']:,}")
-    table.add_row("expert parameters", f"{counts['experts']:,}")
-    table.add_row("active parameters / token", f"{counts['active']:,}")
-    table.add_row("MoE layers", str(len(moe_routers(model))))
-    table.add_row("vocabulary", f"{len(tokenizer):,}")
-    Console().print(table)
-    return 0

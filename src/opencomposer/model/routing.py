@@ -61,8 +61,16 @@ class RouteRecorder:
         self._record.clear()
 
     def _hook(self, module: nn.Module, inputs, output) -> None:
-        indices = output[2] if isinstance(output, tuple) else output
+        self.record(output[2] if isinstance(output, tuple) else output)
+
+    def record(self, indices: torch.Tensor) -> None:
+        """Add one router call's expert indices [tokens, top_k]; for code that routes without
+        calling the router module (``inference.invariant``), in layer order like the hooks."""
         self._record.append(indices.detach())
+
+    def clear(self) -> None:
+        """Drop what was recorded (routes nobody asked for, such as a prompt's)."""
+        self._record.clear()
 
     def take(self, batch: int, seq: int) -> torch.Tensor | None:
         if not self.routers:

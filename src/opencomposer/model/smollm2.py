@@ -9,7 +9,6 @@ checkpoint. Later loads read the cache only.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -71,9 +70,3 @@ def convert_gguf(folder: Path, gguf_file: str, target: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.replace(target)
     return target
-
-
-def fetch_main(args: argparse.Namespace) -> int:
-    path = fetch_smollm2(force=args.force)
-    print(path)
-    return 0

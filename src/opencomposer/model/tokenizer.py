@@ -13,6 +13,7 @@ ChatML, so they feel at home; for our own tokenizer the markers are single speci
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,19 @@ SPECIAL_TOKENS = [
     THINK_CLOSE,
 ]
 
+# The words around the tool listing in the system turn; ``tools_system_text`` writes the same turn
+# in Python, for servers that are sent the tools inside the system prompt instead of as ``tools``.
+TOOLS_INTRO = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_OUTRO = (
+    "</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
 # ChatML + Hermes tool calls. Consecutive tool messages share one user turn, as in Qwen's template.
 CHAT_TEMPLATE = (
     # transformers renders with trim_blocks: a newline right after a {% %} tag is dropped, so
@@ -40,12 +54,10 @@ CHAT_TEMPLATE = (
     "{% if tools %}"
     "<|im_start|>system\n"
     "{% if messages[0].role == 'system' %}{{ messages[0].content }}{{ '\\n\\n' }}{% endif %}"
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    + TOOLS_INTRO
+    + "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}"
+    + TOOLS_OUTRO
+    + "<|im_end|>\n"
     "{% elif messages[0].role == 'system' %}"
     "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
     "{% endif %}"
@@ -68,6 +80,19 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def tools_system_text(system: str | None, tools: list[dict[str, Any]]) -> str:
+    """The system turn's content as ``CHAT_TEMPLATE`` writes it when given ``tools``: a system
+    message with this content and no ``tools`` renders to the same text (tests check it)."""
+    listing = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
+    head = f"{system}\n\n" if system is not None else ""
+    return f"{head}{TOOLS_INTRO}{listing}\n{TOOLS_OUTRO}"
+
+
+def tool_responses_text(contents: list[str]) -> str:
+    """One user turn's content as ``CHAT_TEMPLATE`` writes consecutive tool messages."""
+    return "\n".join(f"{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}" for content in contents)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, show_progress: bool = False) -> Any:

@@ -2,9 +2,12 @@
 
 Documents are tokenised lazily (only as many as the run will consume), joined with
 ``<|endoftext|>`` and cut into ``seq_len + 1`` windows (next-token prediction: the window minus its
-last token is the input, minus its first token is the target). Training is plain AdamW with a
-linear warm-up and cosine decay, gradient clipping, and the MoE load-balancing loss where the model
-family defines one. Held-out codebase loss is measured on files the training never sees.
+last token is the input, minus its first token is the target). Training is plain AdamW (no decay
+on biases, norms and embeddings) with a linear warm-up and cosine decay, gradient clipping, and the
+MoE load-balancing loss where the model family defines one; the optimizer, schedule, device,
+progress display and metrics log are the shared ones of ``training``. Held-out codebase loss is
+measured on files the training never sees. ``run_pretraining`` leaves ``metrics.jsonl``, ``tb/``,
+``loss.png`` and ``checkpoint/`` under ``run.path``.
 
 What this is not (yet): the report's 32k → 256k long-context phases, MXFP8 training and MTP
 self-distillation; those build on this loop.
@@ -12,9 +15,6 @@ self-distillation; those build on this loop.
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,8 +23,13 @@ from typing import Any
 
 import torch
 
-from opencomposer.config import Config, PretrainConfig, load_recipe, to_toml
+from opencomposer.config import Config, PretrainConfig, to_toml
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
+from opencomposer.training.device import resolve_device
+from opencomposer.training.metrics import MetricsLog
+from opencomposer.training.optim import build_optimizer
+from opencomposer.training.progress import ProgressBar
+from opencomposer.training.schedule import warmup_cosine_lr
 
 
 def token_stream(files: list[CodeFile], tokenizer: Any, separator_id: int, batch_files: int = 32) -> Iterator[int]:
@@ -78,26 +83,6 @@ def evaluate(model: torch.nn.Module, batches: list[torch.Tensor]) -> float:
     return sum(losses) / len(losses)
 
 
-def lr_at(step: int, config: PretrainConfig, total_steps: int) -> float:
-    """Linear warm-up to ``lr``, then cosine decay to ``lr * min_lr_ratio`` at ``total_steps``."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    progress = min(1.0, (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps))
-    floor = config.lr * config.min_lr_ratio
-    return floor + (config.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def make_optimizer(model: torch.nn.Module, config: PretrainConfig) -> torch.optim.AdamW:
-    """AdamW; no weight decay on norms, biases and other 1-D parameters."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr,
-        betas=tuple(config.betas),
-    )
-
-
 @dataclass
 class PretrainResult:
     steps: int
@@ -122,37 +107,38 @@ def pretrain(
     heldout_files: list[CodeFile],
     config: PretrainConfig,
     *,
-    metrics_path: Path | None = None,
+    log: MetricsLog | None = None,
     progress: bool = True,
     seed: int = 0,
 ) -> PretrainResult:
-    """Train ``model`` in place for ``config.max_steps`` steps or ``config.max_minutes``."""
+    """Train ``model`` in place (on the device it is on) for ``config.max_steps`` steps or
+    ``config.max_minutes``; the rows of ``history`` also go to ``log`` when given."""
     from opencomposer.model.tokenizer import document_separator_id
 
     torch.manual_seed(seed)
     separator = document_separator_id(tokenizer)
     batches = packed_batches(train_files, tokenizer, separator, config.batch_size, config.seq_len)
+    device = next(model.parameters()).device
     heldout: list[torch.Tensor] = []
     if heldout_files and config.eval_batches:
         for batch in packed_batches(heldout_files, tokenizer, separator, config.batch_size, config.seq_len, False):
-            heldout.append(batch)
+            heldout.append(batch.to(device))
             if len(heldout) == config.eval_batches:
                 break
-    optimizer = make_optimizer(model, config)
+    optimizer = build_optimizer(model, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
     aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
     result = PretrainResult(steps=0, tokens=0, seconds=0.0)
-    sink = metrics_path.open("a") if metrics_path else None
     model.train()
     start = time.perf_counter()
     deadline = start + 60 * config.max_minutes
-    bar = _progress(progress)
-    with bar:
-        task = bar.add_task("pretraining", total=config.max_steps, loss=float("nan"))
+    with ProgressBar("pretraining", config.max_steps, status="loss {loss:.3f}", enabled=progress,
+                     every=config.log_every) as bar:
         for step in range(config.max_steps):
-            batch = next(batches)
+            batch = next(batches).to(device)
             # the schedule follows whichever budget runs out first, steps or wall-clock time
             time_step = round(config.max_steps * (time.perf_counter() - start) / (60 * config.max_minutes))
-            lr = lr_at(max(step, time_step), config, config.max_steps)
+            lr = warmup_cosine_lr(max(step, time_step), peak_lr=config.lr, warmup_steps=config.warmup_steps,
+                                  total_steps=config.max_steps, min_lr_ratio=config.min_lr_ratio)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss, metrics = lm_loss(model, batch, aux_coef)
@@ -170,34 +156,20 @@ def pretrain(
                 result.heldout.append((step + 1, row["heldout_loss"]))
             if step == 0 or (step + 1) % config.log_every == 0 or "heldout_loss" in row:
                 result.history.append(row)
-                if sink:
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-            bar.update(task, advance=1, loss=metrics["loss"])
+                if log:
+                    log.log(step + 1, "train", {k: v for k, v in row.items() if k != "step"})
+            bar.update(step + 1, loss=metrics["loss"])
             if time.perf_counter() > deadline:
                 break
     if heldout and (not result.heldout or result.heldout[-1][0] != result.steps):
         final = evaluate(model, heldout)
         result.heldout.append((result.steps, final))
         result.history.append({"step": result.steps, "heldout_loss": final, "loss": result.history[-1]["loss"]})
+        if log:
+            log.log(result.steps, "eval", {"heldout_loss": final})
     result.seconds = time.perf_counter() - start
     model.eval()
-    if sink:
-        sink.close()
     return result
-
-
-def _progress(enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeElapsedColumn(),
-        disable=not enabled,
-    )
 
 
 def plot_loss(history: list[dict], path: Path, title: str = "pretraining loss") -> Path:
@@ -234,6 +206,7 @@ def run_pretraining(
     from opencomposer.model.loading import TINY_KINDS, default_tokenizer, load_model, save_checkpoint
     from opencomposer.model.tokenizer import load_tokenizer
 
+    device = resolve_device(config.run.device)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     run_dir = config.run.path
@@ -247,24 +220,16 @@ def run_pretraining(
                 if config.model.tokenizer_path
                 else default_tokenizer(config.corpus, config.tokenizer, config.run.seed)
             )
-        model, tokenizer = load_model(config.model, tokenizer, seed=config.run.seed)
+        model, tokenizer = load_model(config.model, tokenizer, seed=config.run.seed, device=device)
     else:
-        model, tokenizer = load_model(config.model, seed=config.run.seed)
-    metrics = run_dir / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
-    result = pretrain(model, tokenizer, corpus.train, corpus.heldout, config.pretrain,
-                      metrics_path=metrics, progress=progress, seed=config.run.seed)
+        model, tokenizer = load_model(config.model, seed=config.run.seed, device=device)
+    with MetricsLog(run_dir) as log:
+        result = pretrain(model, tokenizer, corpus.train, corpus.heldout, config.pretrain,
+                          log=log, progress=progress, seed=config.run.seed)
+        log.sync()
     from opencomposer.io import atomic_directory
 
     # built aside and renamed into place: a crash leaves the old checkpoint or the new one, never a part
     checkpoint = atomic_directory(run_dir / "checkpoint", lambda folder: save_checkpoint(model, tokenizer, folder))
     plot_loss(result.history, run_dir / "loss.png")
     return model, tokenizer, result, checkpoint
-
-
-def main(args: argparse.Namespace) -> int:
-    config = load_recipe(args.recipe, args.overrides)
-    _, _, result, checkpoint = run_pretraining(config)
-    print(f"{result.steps} steps, {result.tokens:,} tokens in {result.seconds:.0f} s; "
-          f"loss {result.first_loss:.3f} → {result.last_loss:.3f}; checkpoint: {checkpoint}")
-    return 0

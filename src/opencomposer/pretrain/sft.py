@@ -6,7 +6,10 @@ turn followed by ``finish``, and the agent loop records the episode token in, to
 as it records an RL rollout. SFT then trains on those records with the same packing and forward
 as the RL trainer (``training.packing``, ``training.forward``): cross-entropy on the model-written tokens only
 (prompts and tool outputs are context, not targets), averaged over the batch's model tokens.
-AdamW, linear warm-up, cosine decay to a tenth of the peak learning rate.
+Adam (AdamW with decay groups when ``sft.weight_decay > 0``), linear warm-up, cosine decay to a
+tenth of the peak learning rate: the shared optimizer, schedule, device, progress display and
+metrics log of ``training``. The loss of every step goes to ``metrics.jsonl`` (and ``tb/``) in
+the output folder, beside the checkpoint.
 
 RL needs a starting point that solves its tasks only some of the time (groups whose rollouts
 disagree). Two ways to get one: stop SFT early, or give it an imperfect teacher
@@ -20,8 +23,7 @@ into one row.
 
 from __future__ import annotations
 
-import argparse
-import math
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -31,8 +33,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from opencomposer.config import Config, ConfigError, SFTConfig, load_recipe, to_toml
+from opencomposer.config import Config, ConfigError, SFTConfig, to_toml
+from opencomposer.training.device import resolve_device
+from opencomposer.training.metrics import MetricsLog
+from opencomposer.training.optim import build_optimizer
+from opencomposer.training.progress import ProgressBar
+from opencomposer.training.schedule import warmup_cosine_lr
 from opencomposer.types import Episode, EpisodeStatus, Task
+
+SFT_MIN_LR_RATIO = 0.1  # the cosine ends at a tenth of sft.lr
 
 
 @dataclass
@@ -102,14 +111,6 @@ def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
     return tasks
 
 
-def lr_at(step: int, config: SFTConfig) -> float:
-    """Linear warm-up to ``lr``, then cosine decay to ``lr / 10`` at the last step."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def sft(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -118,9 +119,10 @@ def sft(
     *,
     seed: int = 0,
     progress: bool = True,
+    log: MetricsLog | None = None,
 ) -> SFTResult:
-    """Train ``model`` in place on the model tokens of ``episodes``; returns the loss history."""
-    from opencomposer.pretrain.cpt import _progress
+    """Train ``model`` in place on the model tokens of ``episodes``; returns the loss history, and
+    writes it to ``log`` when given."""
     from opencomposer.training.forward import batch_to, token_logprobs
     from opencomposer.training.packing import collate, episode_rows
 
@@ -129,23 +131,20 @@ def sft(
         raise ValueError("sft: the demonstrations hold no model tokens")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": other, "weight_decay": 0.0}], lr=config.lr)
+    optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     rng = np.random.default_rng(seed)
     order: list[int] = []
     result = SFTResult(steps=0, seconds=0.0, demonstrations=len(episodes))
     start = time.perf_counter()
     model.train()
-    with _progress(progress) as bar:
-        task = bar.add_task("sft", total=config.steps, loss=float("nan"))
+    with ProgressBar("sft", config.steps, status="loss {loss:.3f}", enabled=progress) as bar:
         for step in range(config.steps):
             while len(order) < config.batch_size:  # epochs in a seeded order
                 order += rng.permutation(len(rows)).tolist()
             chosen, order = [rows[i] for i in order[: config.batch_size]], order[config.batch_size :]
             batch = batch_to(collate(chosen, int(pad)), device)
-            lr = lr_at(step, config)
+            lr = warmup_cosine_lr(step, peak_lr=config.lr, warmup_steps=config.warmup_steps,
+                                  total_steps=config.steps, min_lr_ratio=SFT_MIN_LR_RATIO)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             logprobs, _ = token_logprobs(model, batch, with_entropy=False)
@@ -158,8 +157,11 @@ def sft(
             optimizer.step()
             result.steps = step + 1
             value = float(loss.detach())
-            result.history.append({"step": step + 1, "lr": lr, "loss": value, "tokens": int(mask.sum())})
-            bar.update(task, advance=1, loss=value)
+            row = {"lr": lr, "loss": value, "tokens": int(mask.sum())}
+            result.history.append({"step": step + 1, **row})
+            if log:
+                log.log(step + 1, "train", row)
+            bar.update(step + 1, loss=value)
     model.eval()
     result.seconds = time.perf_counter() - start
     return result
@@ -175,29 +177,27 @@ def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any
 
     from opencomposer.model.loading import load_model, save_checkpoint
 
+    device = resolve_device(config.run.device)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     init = config.sft.init
     spec = dataclasses.replace(config.model, kind="hf", path=init) if init else dataclasses.replace(config.model, path="")
-    model, tokenizer = load_model(spec, seed=config.run.seed)
+    model, tokenizer = load_model(spec, seed=config.run.seed, device=device)
     with tempfile.TemporaryDirectory(prefix="opencomposer-sft-") as scratch:
-        tasks = demonstration_tasks(config, Path(scratch))
+        tasks = demonstration_tasks(config, Path(scratch) / "tasks")
         episodes = record_demonstrations(tasks, tokenizer, config)
-    result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress)
-    from opencomposer.io import atomic_directory
+        # logged in scratch, then moved in with the weights: the output folder is whole or absent
+        metrics = Path(scratch) / "metrics"
+        with MetricsLog(metrics) as log:
+            result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress, log=log)
+        from opencomposer.io import atomic_directory
 
-    def write(folder: Path) -> None:
-        save_checkpoint(model, tokenizer, folder)
-        (folder / "recipe.toml").write_text(to_toml(config))
+        def write(folder: Path) -> None:
+            save_checkpoint(model, tokenizer, folder)
+            (folder / "recipe.toml").write_text(to_toml(config))
+            for item in metrics.iterdir():  # metrics.jsonl and tb/
+                shutil.move(item, folder / item.name)
 
-    # built aside and renamed into place: RL never starts from half a checkpoint after a crash
-    out = atomic_directory(sft_output(config), write)
+        # built aside and renamed into place: RL never starts from half a checkpoint after a crash
+        out = atomic_directory(sft_output(config), write)
     return model, tokenizer, result, out
-
-
-def main(args: argparse.Namespace) -> int:
-    config = load_recipe(args.recipe, args.overrides)
-    _, _, result, out = run_sft(config)
-    print(f"{result.steps} SFT steps on {result.demonstrations} demonstrations in {result.seconds:.0f} s; "
-          f"loss {result.first_loss:.3f} → {result.last_loss:.3f}; checkpoint: {out}")
-    return 0

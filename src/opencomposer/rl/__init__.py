@@ -19,7 +19,7 @@ from opencomposer.rl import kl
 from opencomposer.rl.advantages import episode_advantages, group_advantages
 from opencomposer.rl.kl import k1, k2, k3, sequence_kl_penalty
 from opencomposer.rl.length_penalty import LENGTH_FEATURES, length_counts, length_features, length_penalty
-from opencomposer.rl.rewards import behaviour_counts, diff_lines_changed, episode_reward
+from opencomposer.rl.rewards import behaviour_counts, episode_reward
 
 _LAZY = {  # name -> module; these import torch
     "LOSSES": "opencomposer.rl.losses",
@@ -38,7 +38,6 @@ _LAZY = {  # name -> module; these import torch
 __all__ = [
     "LENGTH_FEATURES",
     "behaviour_counts",
-    "diff_lines_changed",
     "episode_advantages",
     "episode_reward",
     "group_advantages",

@@ -24,9 +24,10 @@ import numpy as np
 from opencomposer.config import Config
 from opencomposer.envs.grading import grade
 from opencomposer.inference.batching import BatchingEngine
-from opencomposer.rl.rewards import diff_lines_changed, episode_reward
+from opencomposer.rl.rewards import episode_reward
 from opencomposer.rl.rollouts import episode_seed, run_groups
-from opencomposer.types import Task
+from opencomposer.sandbox.patch import diff_stats
+from opencomposer.types import Grade, Task
 
 
 def evaluate(
@@ -36,7 +37,7 @@ def evaluate(
     config: Config,
     *,
     out_dir: Path | None = None,
-    grader: Callable[..., dict[str, float]] = grade,
+    grader: Callable[..., Grade] = grade,
 ) -> dict[str, float]:
     """Run ``rl.eval_samples`` episodes of each task; returns the metrics named in the module doc.
     ``grader`` as in ``envs.rollout.run_episode``."""
@@ -51,15 +52,15 @@ def evaluate(
         infra += len(group.episodes) - len(scored)
         if not scored:
             continue
-        reference = diff_lines_changed(group.task.gold_patch) if group.task.gold_patch else None
+        reference = diff_stats(group.task.gold_patch).lines_changed if group.task.gold_patch else None
         for episode in scored:
             reward, _ = episode_reward(episode, config.rl.reward, config.rl.length_penalty,
                                        reference_lines_changed=reference)
             rewards.append(reward)
-            resolved.append(episode.metrics.get("resolved", 0.0))
+            resolved.append(float(episode.grade.resolved))
             tokens.append(sum(len(turn.token_ids) for turn in episode.turns))
             turns.append(len(episode.turns))
-        best.append(max(episode.metrics.get("resolved", 0.0) for episode in scored))
+        best.append(max(float(episode.grade.resolved) for episode in scored))
 
     def mean(values: list[float]) -> float:
         return float(np.mean(values)) if values else float("nan")

@@ -23,10 +23,8 @@ draws the curves.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Any
 
 import torch
 
-from opencomposer.config import Config, ConfigError, ModelConfig, load_recipe, to_toml
+from opencomposer.config import Config, ConfigError, ModelConfig, to_toml
 from opencomposer.io import atomic_directory, atomic_write_text
 from opencomposer.rl.checkpoint import (
     RunState,
@@ -43,51 +41,10 @@ from opencomposer.rl.checkpoint import (
     remove_partial,
     save_training_checkpoint,
 )
+from opencomposer.training.device import resolve_device
+from opencomposer.training.metrics import MetricsLog, read_metrics
+from opencomposer.training.progress import ProgressBar
 from opencomposer.types import Group
-
-
-def _parsed_step(line: str) -> int | None:
-    """The step of a ``metrics.jsonl`` line; None for a blank or torn line (a kill mid-write)."""
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-class MetricsLog:
-    """``metrics.jsonl`` plus TensorBoard events; on resume both are cut back to ``resume_step``."""
-
-    def __init__(self, run_dir: Path, resume_step: int | None):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.path = run_dir / "metrics.jsonl"
-        kept = []
-        if resume_step is not None and self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if _parsed_step(line) is not None and _parsed_step(line) <= resume_step]
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-        purge = None if resume_step is None else resume_step + 1
-        self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
-        self.file = self.path.open("a")
-
-    def log(self, step: int, kind: str, metrics: dict[str, float]) -> None:
-        row = {"step": step, "kind": kind, "time": time.time(), **metrics}
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        for name, value in metrics.items():
-            self.writer.add_scalar(f"{kind}/{name}", value, step)
-        self.writer.flush()
-
-    def sync(self) -> None:
-        """Make every line logged so far durable (called before each checkpoint, so a resume never
-        finds the log shorter than its checkpoint; lines after it are cut on resume anyway)."""
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.file.close()
-        self.writer.close()
 
 
 def lock_run_folder(run_dir: Path):
@@ -121,17 +78,11 @@ class RLSummary:
         return self.evaluations[-1] if self.evaluations else None
 
 
-def _device(config: Config) -> str:
-    if config.run.device != "auto":
-        return config.run.device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _load_folder(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
     from opencomposer.model.loading import load_model
 
     spec = ModelConfig(kind="hf", path=str(path), dtype=config.model.dtype)
-    return load_model(spec, device=_device(config))
+    return load_model(spec, device=resolve_device(config.run.device))
 
 
 class RLRun:
@@ -221,21 +172,19 @@ class RLRun:
         return initial
 
     def _logged_evaluations(self) -> list[dict[str, float]]:
-        rows = [json.loads(line) for line in self.log.path.read_text().splitlines() if line.strip()]
-        return [row for row in rows if row["kind"] == "eval"]
+        return read_metrics(self.log.path, kind="eval")
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> RLSummary:
         started = time.perf_counter()
         try:
-            with self._bar() as bar:
-                task = bar.add_task("rl", total=self.rl.steps, completed=self.state.step, reward=float("nan"),
-                                    passed=float("nan"))
+            with ProgressBar("rl", self.rl.steps, status="reward {reward:.3f}  resolved {passed:.2f}",
+                             completed=self.state.step, enabled=self.progress) as bar:
                 if self.state.step == 0 and self._eval_due(0):
                     self.evaluate()
                 while self.state.step < self.rl.steps:
                     metrics = self.step()
-                    bar.update(task, completed=self.state.step, reward=metrics.get("reward_mean", float("nan")),
+                    bar.update(self.state.step, reward=metrics.get("reward_mean", float("nan")),
                                passed=metrics.get("resolved_rate", float("nan")))
                     if self._eval_due(self.state.step):
                         self.evaluate()
@@ -250,15 +199,6 @@ class RLRun:
             "final_model": str(latest_checkpoint(self.run_dir) / "model") if latest_checkpoint(self.run_dir) else None,
         }, indent=1) + "\n")
         return summary
-
-    def _bar(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        return Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]:.3f}  resolved {task.fields[passed]:.2f}"),
-            TimeElapsedColumn(), disable=not self.progress,
-        )
 
     def _eval_due(self, step: int) -> bool:
         every = self.rl.eval_every
@@ -319,7 +259,8 @@ class RLRun:
                 lines.append(json.dumps({
                     "step": self.state.step, "task_id": episode.task_id, "sample": episode.sample_index,
                     "status": episode.status.value, "reward": episode.reward, "advantage": advantage,
-                    "resolved": episode.metrics.get("resolved"), "terms": episode.reward_terms,
+                    "resolved": None if episode.grade is None else float(episode.grade.resolved),
+                    "terms": episode.reward_terms,
                     "tokens": sum(len(t.token_ids) for t in episode.turns), "turns": len(episode.turns),
                     "policy_versions": episode.policy_versions, "error": episode.error,
                     "final_turn": episode.turns[-1].text if episode.turns else "",
@@ -332,15 +273,3 @@ class RLRun:
 def run_rl(config: Config, progress: bool = True) -> RLSummary:
     """Run (or resume) the RL loop of ``config``; see the module doc."""
     return RLRun(config, progress=progress).run()
-
-
-def main(args: argparse.Namespace) -> int:
-    config = load_recipe(args.recipe, args.overrides)
-    summary = run_rl(config)
-    first, last = summary.first_eval, summary.last_eval
-    line = f"{summary.steps} steps in {summary.seconds:.0f} s; run folder {summary.run_dir}"
-    if first and last:
-        line += (f"; held-out pass@1 {first['pass_at_1']:.3f} → {last['pass_at_1']:.3f}, "
-                 f"best-of-{int(last['k'])} {first['best_of_k']:.3f} → {last['best_of_k']:.3f}")
-    print(line)
-    return 0

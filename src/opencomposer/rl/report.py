@@ -1,4 +1,4 @@
-"""``opencomposer report RUN``: the curves of an RL run, drawn to PNG from its ``metrics.jsonl``.
+"""The curves of an RL run, drawn to PNG from its ``metrics.jsonl`` (``opencomposer report RUN``).
 
 Panels (one PNG each under ``{run}/report/``, and all of them in ``{run}/report.png``):
 reward (training mean, held-out mean), pass rate (training resolved rate, held-out pass@1 and
@@ -9,7 +9,6 @@ left out of its panel; a panel with nothing to draw is skipped.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -96,9 +95,3 @@ def draw_report(run_dir: Path) -> list[Path]:
     plt.close(combined)
     written.append(path)
     return written
-
-
-def main(args: argparse.Namespace) -> int:
-    paths = draw_report(Path(args.run))
-    print(f"wrote {len(paths) - 1} panels to {paths[0].parent} and {paths[-1]}")
-    return 0

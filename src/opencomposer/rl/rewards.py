@@ -13,10 +13,11 @@ only. The length penalty and (with ``rl.kl.placement = "reward"``) the KL penalt
 
 Each term is already signed (penalties are <= 0) and weighted by ``RewardConfig``; the returned
 dict holds every term, and the terms sum to the total. Where the inputs come from:
-- grader numbers, ``episode.metrics`` with the ``reward.json`` names of docs/task-format.md:
-  resolved, fail_to_pass, pass_to_pass, lines_changed, lint_added (and todo_added as a fallback);
+- the grader's verdict, ``episode.grade`` (``types.Grade``): resolved, fail_to_pass, pass_to_pass,
+  lines_changed, lint_added (and todo_added when the diff text is missing);
 - the episode's turns: unparseable turns, rejected tool calls, tool names;
-- the agent's diff, ``episode.diff``: to-dos left behind and reasoning in comments.
+- the agent's diff, ``episode.diff``, read by ``sandbox.patch.diff_stats``: to-dos left behind and
+  reasoning in comments (comment lines as ``sandbox.patch.comment_text`` defines them).
 
 Where we depart or fill gaps (the report names terms, never formulas or weights):
 - Partial test credit (fail_to_pass) and a breakage penalty (pass_to_pass - 1) are small beside
@@ -33,96 +34,30 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import PurePosixPath
 
 from opencomposer.config import LengthPenaltyConfig, RewardConfig
 from opencomposer.rl.length_penalty import length_features, length_penalty
+from opencomposer.sandbox.patch import TODO_MARKER, comment_text, diff_stats
 from opencomposer.types import Episode
 
-_HUNK = re.compile(r"^@@ -\d+(?:,(?P<old>\d+))? \+\d+(?:,(?P<new>\d+))? @@")
-_TODO = re.compile(r"\b(?:TODO|FIXME|XXX)\b")
 _REASONING = re.compile(
     r"^(?:let me|let's|let us|i think|i'll|i will|i need to|i should|i'm going to|now i\b|first,? i\b|"
     r"wait\b|hmm|actually,|okay,? so|ok,? so|so the user|the user\b|the task\b|the instructions?\b|"
     r"looking at the|hold on)",
     re.IGNORECASE,
 )
-_COMMENT_PREFIXES = {
-    ".py": ("#",),
-    ".sh": ("#",),
-    ".toml": ("#",),
-    ".yaml": ("#",),
-    ".yml": ("#",),
-    ".rb": ("#",),
-    ".js": ("//", "/*", "*"),
-    ".ts": ("//", "/*", "*"),
-    ".c": ("//", "/*", "*"),
-    ".h": ("//", "/*", "*"),
-    ".cc": ("//", "/*", "*"),
-    ".cpp": ("//", "/*", "*"),
-    ".go": ("//", "/*", "*"),
-    ".rs": ("//", "/*", "*"),
-    ".java": ("//", "/*", "*"),
-}
-_DEFAULT_COMMENT_PREFIXES = ("#", "//")
-
-
-def diff_lines(diff: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(added, removed) lines of a unified diff as (path, text) pairs.
-
-    Hunk headers give the line counts, so a removed line that itself starts with "--" is never
-    mistaken for a file header.
-    """
-    added: list[tuple[str, str]] = []
-    removed: list[tuple[str, str]] = []
-    path = ""
-    old_left = new_left = 0  # lines still expected in the current hunk
-    for line in diff.splitlines():
-        if old_left > 0 or new_left > 0:
-            if line.startswith("+"):
-                added.append((path, line[1:]))
-                new_left -= 1
-            elif line.startswith("-"):
-                removed.append((path, line[1:]))
-                old_left -= 1
-            elif not line.startswith("\\"):  # "\ No newline at end of file" is not a line
-                old_left -= 1
-                new_left -= 1
-            continue
-        if line.startswith("+++ "):
-            target = line[4:].split("\t")[0].strip()
-            path = target[2:] if target.startswith("b/") else target
-        elif hunk := _HUNK.match(line):
-            old_left = int(hunk["old"]) if hunk["old"] is not None else 1
-            new_left = int(hunk["new"]) if hunk["new"] is not None else 1
-    return added, removed
-
-
-def diff_lines_changed(diff: str) -> int:
-    """Added plus removed lines: the size of a change, as the grader's ``lines_changed``."""
-    added, removed = diff_lines(diff)
-    return len(added) + len(removed)
-
-
-def _comment_text(path: str, line: str) -> str | None:
-    stripped = line.strip()
-    for prefix in _COMMENT_PREFIXES.get(PurePosixPath(path).suffix, _DEFAULT_COMMENT_PREFIXES):
-        if stripped.startswith(prefix):
-            return stripped[len(prefix) :].strip()
-    return None
 
 
 def unfinished_todos(diff: str) -> int:
     """TODO/FIXME/XXX markers the diff adds, net of the ones it removes (never negative)."""
-    added, removed = diff_lines(diff)
-    count = sum(len(_TODO.findall(text)) for _, text in added)
-    return max(0, count - sum(len(_TODO.findall(text)) for _, text in removed))
+    stats = diff_stats(diff)
+    count = sum(len(TODO_MARKER.findall(text)) for _, text in stats.added())
+    return max(0, count - sum(len(TODO_MARKER.findall(text)) for _, text in stats.removed()))
 
 
 def reasoning_comment_lines(diff: str) -> int:
     """Added comment lines that open like the model narrating its reasoning."""
-    added, _ = diff_lines(diff)
-    texts = (_comment_text(path, line) for path, line in added)
+    texts = (comment_text(path, line) for path, line in diff_stats(diff).added())
     return sum(1 for text in texts if text and _REASONING.match(text))
 
 
@@ -134,7 +69,7 @@ def behaviour_counts(episode: Episode, run_tool: str = "run") -> dict[str, float
         todos = unfinished_todos(episode.diff)
         reasoning = reasoning_comment_lines(episode.diff)
     else:
-        todos = int(episode.metrics.get("todo_added", 0))
+        todos = episode.grade.todo_added if episode.grade is not None else 0
         reasoning = 0
     return {
         "todo_unfinished": float(todos),
@@ -159,35 +94,29 @@ def episode_reward(
 
     ``kl_penalty`` is coef·Σ_t k1 for this episode (``kl.sequence_kl_penalty``) when the KL sits in
     the reward, else 0. ``reference_lines_changed`` is the size of the task's reference change
-    (``diff_lines_changed(task.gold_patch)``), None when the task has none.
+    (``diff_stats(task.gold_patch).lines_changed``), None when the task has none.
     """
     if not episode.scored:
         raise ValueError(
             f"episode of task {episode.task_id!r} is an infrastructure failure; it is never scored"
         )
-    metrics = episode.metrics
-
-    def grader(name: str, weight: float) -> float:
-        if weight == 0.0:
-            return 0.0
-        if name not in metrics:
-            raise KeyError(f"episode.metrics lacks {name!r} (a reward.json name); has: {sorted(metrics)}")
-        return float(metrics[name])
-
+    grade = episode.grade
+    if grade is None:
+        raise ValueError(f"episode of task {episode.task_id!r} has no grade; only graded episodes are scored")
     cap = weights.count_cap
     counts = behaviour_counts(episode, weights.run_tool)
     terms: dict[str, float] = {}
-    terms["resolved"] = weights.resolved * grader("resolved", weights.resolved)
-    terms["fail_to_pass"] = weights.fail_to_pass * grader("fail_to_pass", weights.fail_to_pass)
-    terms["pass_to_pass"] = weights.pass_to_pass * (grader("pass_to_pass", weights.pass_to_pass) - 1.0)
+    terms["resolved"] = weights.resolved * float(grade.resolved)
+    terms["fail_to_pass"] = weights.fail_to_pass * grade.fail_to_pass
+    terms["pass_to_pass"] = weights.pass_to_pass * (grade.pass_to_pass - 1.0)
     if reference_lines_changed is None or weights.succinctness == 0.0:
         terms["succinctness"] = 0.0
     else:
-        ratio = (grader("lines_changed", weights.succinctness) + 1.0) / (reference_lines_changed + 1.0)
+        ratio = (grade.lines_changed + 1.0) / (reference_lines_changed + 1.0)
         terms["succinctness"] = -weights.succinctness * math.log1p(
             max(0.0, ratio - weights.succinctness_slack)
         )
-    terms["lint_added"] = -weights.lint_added * min(max(grader("lint_added", weights.lint_added), 0.0), cap)
+    terms["lint_added"] = -weights.lint_added * min(max(grade.lint_added, 0), cap)
     terms["todo_unfinished"] = -weights.todo_unfinished * min(counts["todo_unfinished"], cap)
     terms["broken_tool_calls"] = -weights.broken_tool_calls * min(counts["broken_tool_calls"], cap)
     terms["reasoning_in_comments"] = -weights.reasoning_in_comments * min(

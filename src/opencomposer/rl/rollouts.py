@@ -26,13 +26,12 @@ from typing import Any
 import numpy as np
 
 from opencomposer.agent.policies.local import EnginePolicy
-from opencomposer.agent.policy import Context, PolicyOutput
 from opencomposer.agent.protocol import parse_turn
 from opencomposer.config import Config
 from opencomposer.envs.grading import grade
 from opencomposer.envs.rollout import run_episode
 from opencomposer.inference.batching import BatchingEngine, BatchingSession
-from opencomposer.types import Episode, Group, Task
+from opencomposer.types import Context, Episode, Grade, Group, PolicyOutput, Task
 
 
 def episode_seed(*key: int | str) -> int:
@@ -92,7 +91,7 @@ def run_groups(
     seeds: list[list[int]],
     out_dir: Path | None = None,
     workers: int = 0,
-    grader: Callable[..., dict[str, float]] = grade,
+    grader: Callable[..., Grade] = grade,
 ) -> list[Group]:
     """``group_size`` episodes of every task (``seeds[t][j]`` for sample j of task t), in parallel;
     ``grader`` as in ``run_episode``."""

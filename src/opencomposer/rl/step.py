@@ -3,8 +3,9 @@
 Report §4.1 (RECIPE.md §4): single epoch (each batch of rollouts is used for exactly one step),
 **Adam, full-parameter updates**. Our Adam is ``torch.optim.Adam`` with β = (0.9, 0.999),
 ε = 1e-8 and no weight decay by default (the report names Adam and nothing else; these are
-Adam's paper values), all in ``rl.adam_betas`` / ``rl.adam_eps``; the learning rate is constant
-after an optional linear warm-up (``rl.lr_warmup_steps``, set by the trainer).
+Adam's paper values), all in ``rl.adam_betas`` / ``rl.adam_eps``. The trainer builds it
+(``training.optim``) and sets its learning rate before each step (``training.schedule``: constant
+after an optional linear warm-up, ``rl.lr_warmup_steps``, or a cosine decay, ``rl.lr_schedule``).
 
 Gradients of the micro-batches add up before the step. That is exact for the composer loss (its
 normaliser is a constant) and, because we pass the step's token and sequence counts to
@@ -26,17 +27,6 @@ from opencomposer.config import RLConfig
 from opencomposer.rl.losses import LossInputs, rl_loss
 from opencomposer.training.forward import batch_to, token_logprobs
 from opencomposer.types import TrainBatch
-
-
-def make_optimizer(model: torch.nn.Module, config: RLConfig) -> torch.optim.Adam:
-    """Adam over every trainable parameter (full-parameter RL)."""
-    return torch.optim.Adam(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=config.lr,
-        betas=(config.adam_betas[0], config.adam_betas[1]),
-        eps=config.adam_eps,
-        weight_decay=0.0,
-    )
 
 
 def _merge(total: dict[str, float], metrics: dict[str, float], tokens: float) -> None:

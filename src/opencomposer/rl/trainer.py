@@ -20,7 +20,6 @@ task stream, rollouts, logging and checkpoints.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,10 +29,13 @@ import torch
 from opencomposer.config import Config
 from opencomposer.rl.advantages import episode_advantages
 from opencomposer.rl.kl import sequence_kl_penalty
-from opencomposer.rl.rewards import diff_lines_changed, episode_reward
-from opencomposer.rl.step import make_optimizer, train_step
+from opencomposer.rl.rewards import episode_reward
+from opencomposer.rl.step import train_step
+from opencomposer.sandbox.patch import diff_stats
 from opencomposer.training.forward import reference_logprobs
+from opencomposer.training.optim import build_optimizer
 from opencomposer.training.packing import SequenceRow, collate, episode_index, episode_rows, micro_batches
+from opencomposer.training.schedule import warmup_cosine_lr
 from opencomposer.types import Episode, Group
 
 
@@ -65,7 +67,8 @@ class Trainer:
         self.reference = reference
         if self.rl.kl.reference == "initial" and reference is None:
             self.reference = frozen_copy(model)
-        self.optimizer = make_optimizer(model, self.rl)
+        # full-parameter Adam, no weight decay (report §4.1; rl.step)
+        self.optimizer = build_optimizer(model, lr=self.rl.lr, betas=tuple(self.rl.adam_betas), eps=self.rl.adam_eps)
         self.updates = 0  # optimizer steps applied (skipped steps do not count); drives the warm-up
         # π is scored at the sampling temperature, as the sampler scores it (training.forward.token_logprobs)
         self.temperature = config.sampling.temperature if config.sampling.temperature > 0 else 1.0
@@ -86,7 +89,7 @@ class Trainer:
         for i, (episode, task) in enumerate(zip(episodes, tasks, strict=True)):
             if not episode.scored:
                 continue
-            reference_lines = diff_lines_changed(task.gold_patch) if task.gold_patch else None
+            reference_lines = diff_stats(task.gold_patch).lines_changed if task.gold_patch else None
             episode.reward, episode.reward_terms = episode_reward(
                 episode, self.rl.reward, self.rl.length_penalty,
                 kl_penalty=float(penalties[i]), reference_lines_changed=reference_lines,
@@ -136,7 +139,7 @@ class Trainer:
         if not scored:
             return {}
         out = {
-            "resolved_rate": float(np.mean([e.metrics.get("resolved", 0.0) for e in scored])),
+            "resolved_rate": float(np.mean([e.grade.resolved for e in scored])),
             "episode_tokens": float(np.mean([sum(len(t.token_ids) for t in e.turns) for e in scored])),
             "episode_turns": float(np.mean([len(e.turns) for e in scored])),
             "episodes_timeout": float(sum(e.status.value == "timeout" for e in scored)),
@@ -150,13 +153,11 @@ class Trainer:
         """The rate of applied update ``update`` (0 is the first): a linear warm-up over the first
         ``rl.lr_warmup_steps``, then ``rl.lr`` (constant) or a cosine from ``rl.lr`` down to
         ``rl.min_lr_ratio × rl.lr`` at update ``rl.steps``."""
-        rl, warmup = self.rl, self.rl.lr_warmup_steps
-        if update < warmup:
-            return rl.lr * (update + 1) / warmup
-        if rl.lr_schedule == "constant":
-            return rl.lr
-        progress = min(1.0, (update + 1 - warmup) / max(1, rl.steps - warmup))
-        return rl.lr * (rl.min_lr_ratio + (1 - rl.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+        rl = self.rl
+        return warmup_cosine_lr(
+            update, peak_lr=rl.lr, warmup_steps=rl.lr_warmup_steps, total_steps=rl.steps,
+            min_lr_ratio=1.0 if rl.lr_schedule == "constant" else rl.min_lr_ratio, floor_on_last_step=True,
+        )
 
     def train(self, scored: ScoredStep) -> tuple[float, dict[str, float]]:
         """One optimizer step on the scored rows. A step without gradient (no rows, or every

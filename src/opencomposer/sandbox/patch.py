@@ -5,6 +5,8 @@
 markers, executable-bit changes). ``apply_patch(root, text)`` applies such a diff, or a SWE-bench
 gold patch (renames included), to a folder. The agent's change travels as this text: the grader
 applies it to a fresh copy of the task repository, the oracle policy replays gold patches with it.
+``diff_stats(text)`` measures a diff (lines added and removed per file); with ``comment_text`` and
+``TODO_MARKER`` it is the one reading of a diff that grading, the RL reward and task statistics share.
 
 Not handled, on purpose: binary contents (a diff only says ``Binary files ... differ`` and the
 applier skips them), symbolic links (skipped on both sides) and fuzzy matching (a hunk must match
@@ -20,7 +22,7 @@ import re
 import shutil
 import stat
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 IGNORED_NAMES = frozenset(
     {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis", ".opencomposer"}
@@ -127,7 +129,7 @@ class Hunk:
     old_lines: list[str] = field(default_factory=list)  # with their newlines, as in the file
     new_lines: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)  # the "+" lines, without newlines
-    removed: int = 0  # how many "-" lines
+    removed: list[str] = field(default_factory=list)  # the "-" lines, without newlines
 
 
 @dataclass
@@ -225,7 +227,7 @@ def _parse_hunk(lines: list[str], i: int, patch: FilePatch) -> int:
             seen_new += 1
         elif tag == "-":
             hunk.old_lines.append(body)
-            hunk.removed += 1
+            hunk.removed.append(body.rstrip("\n"))
             seen_old += 1
         elif tag == "+":
             hunk.new_lines.append(body)
@@ -327,26 +329,88 @@ def _check_inside(root: Path, target: Path) -> None:
         raise PatchError(f"{target.relative_to(root)}: resolves outside the folder being patched")
 
 
+# ----------------------------------------------------------------------------------------------
+# Measuring a diff: the one place that says what a diff added, removed, and what a comment is
+
+
+TODO_MARKER = re.compile(r"\b(?:TODO|FIXME|XXX)\b")
+COMMENT_PREFIXES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys((".py", ".sh", ".toml", ".yaml", ".yml", ".cfg", ".rb", ".pl"), ("#",)),
+    **dict.fromkeys((".js", ".ts", ".tsx", ".jsx", ".c", ".h", ".cc", ".cpp", ".go", ".rs", ".java", ".kt",
+                     ".swift"), ("//", "/*", "*")),
+}
+"""Line-comment openers by file suffix; a line of a block comment (``/*``, `` * ...``) counts in the
+C family. Files of other suffixes have no comment lines: guessing would count Markdown headings."""
+
+
+def comment_text(path: str, line: str) -> str | None:
+    """The text of ``line`` after its comment opener when it is a comment line of file ``path``
+    (by suffix, ``COMMENT_PREFIXES``), else None. Code followed by a comment is not a comment line."""
+    stripped = line.strip()
+    for prefix in COMMENT_PREFIXES.get(PurePosixPath(path).suffix, ()):
+        if stripped.startswith(prefix):
+            return stripped[len(prefix) :].strip()
+    return None
+
+
 @dataclass
 class DiffStats:
-    files_changed: int = 0
-    lines_added: int = 0
-    lines_removed: int = 0
+    """What a unified diff changes, file by file (``diff_stats``).
+
+    ``paths`` lists every file the diff touches, binary ones included, in diff order;
+    ``added_lines``/``removed_lines`` hold, per path, the texts of its "+" and "-" lines without
+    their newlines (a deleted file's lines are under its old path)."""
+
     paths: list[str] = field(default_factory=list)
-    added_lines: dict[str, list[str]] = field(default_factory=dict)  # path -> added line texts
+    added_lines: dict[str, list[str]] = field(default_factory=dict)
+    removed_lines: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def files_changed(self) -> int:
+        return len(self.paths)
+
+    @property
+    def lines_added(self) -> int:
+        return sum(len(lines) for lines in self.added_lines.values())
+
+    @property
+    def lines_removed(self) -> int:
+        return sum(len(lines) for lines in self.removed_lines.values())
+
+    @property
+    def lines_changed(self) -> int:
+        """Added plus removed lines: the size of a change (``reward.json``'s ``lines_changed``)."""
+        return self.lines_added + self.lines_removed
+
+    def added(self) -> list[tuple[str, str]]:
+        """Every added line as (path, text), in diff order."""
+        return [(path, line) for path, lines in self.added_lines.items() for line in lines]
+
+    def removed(self) -> list[tuple[str, str]]:
+        """Every removed line as (path, text), in diff order."""
+        return [(path, line) for path, lines in self.removed_lines.items() for line in lines]
+
+    def comment_lines_added(self) -> int:
+        """Added lines that are comment lines (``comment_text``)."""
+        return sum(comment_text(path, line) is not None for path, line in self.added())
+
+    def todo_lines_added(self) -> int:
+        """Added lines carrying a TODO, FIXME or XXX marker."""
+        return sum(bool(TODO_MARKER.search(line)) for _, line in self.added())
 
 
 def diff_stats(text: str) -> DiffStats:
-    """Counts of a diff: files touched, lines added and removed, and the added lines per file."""
+    """Measure a unified diff (parsed by ``parse_patch``, so hunk headers give the line counts and a
+    removed line that starts with "--" is never taken for a file header); raises ``PatchError`` on
+    malformed input."""
     stats = DiffStats()
     for fp in parse_patch(text):
-        stats.files_changed += 1
         stats.paths.append(fp.path)
         added = stats.added_lines.setdefault(fp.path, [])
+        removed = stats.removed_lines.setdefault(fp.path, [])
         for hunk in fp.hunks:
-            stats.lines_added += len(hunk.added)
-            stats.lines_removed += hunk.removed
             added += hunk.added
+            removed += hunk.removed
     return stats
 
 

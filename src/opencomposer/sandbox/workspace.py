@@ -29,13 +29,10 @@ Not here: snapshots/forking of running environments, network egress through a pr
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import resource
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,17 +40,25 @@ import threading
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig
+from opencomposer.sandbox.jail import (
+    apply_limits,
+    bwrap_argv,
+    bwrap_available,
+    command_slots,
+    empty_cgroup,
+    kill_group,
+    make_pids_cgroup,
+    read_all,
+    remove_cgroup,
+    write_etc,
+)
 from opencomposer.sandbox.patch import IGNORED_NAMES, IGNORED_SUFFIXES, diff_trees
+from opencomposer.types import RunResult
 
 DEFAULT_WORKDIR = "/workspace"
-SANDBOX_UID = 1000
-BWRAP = "bwrap"
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
 
 
 class SandboxError(RuntimeError):
@@ -67,37 +72,6 @@ class SandboxUnavailable(SandboxError):
 
 class PathOutsideWorkspace(ValueError):
     """A path that would leave the workspace (``..``, an absolute path elsewhere, a symlink out)."""
-
-
-@dataclass
-class RunResult:
-    """What one command did. ``exit_code`` is the command's status (128 + N when killed by signal
-    N, as a shell reports it); ``output`` interleaves stdout and stderr, capped."""
-
-    exit_code: int
-    output: str
-    timed_out: bool
-    duration_s: float
-    truncated: bool
-
-
-def bwrap_available() -> bool:
-    """True when bubblewrap is installed and can create its namespaces here."""
-    global _BWRAP_OK
-    if _BWRAP_OK is None:
-        path = shutil.which(BWRAP)
-        if path is None:
-            _BWRAP_OK = False
-        else:
-            probe = subprocess.run(
-                [path, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "--", "/bin/true"],
-                capture_output=True,
-            )
-            _BWRAP_OK = probe.returncode == 0
-    return _BWRAP_OK
-
-
-_BWRAP_OK: bool | None = None
 
 
 class Sandbox:
@@ -143,10 +117,10 @@ class Sandbox:
                 shutil.copytree(self.source, self.workspace, symlinks=True, ignore=_ignore_caches)
             else:
                 self.workspace.mkdir()
-            self._etc = self._write_etc()
+            self._etc = write_etc(self.root)
             (self.root / "home").mkdir()
             if os.geteuid() == 0:
-                self._cgroup = _make_pids_cgroup(f"opencomposer-{os.getpid()}-{self.id}", self.config.max_processes)
+                self._cgroup = make_pids_cgroup(f"opencomposer-{os.getpid()}-{self.id}", self.config.max_processes)
                 if self._cgroup is None and self.config.isolation == "bwrap":
                     raise SandboxUnavailable(
                         "running as root, so RLIMIT_NPROC cannot cap the sandbox's processes, and no "
@@ -178,7 +152,8 @@ class Sandbox:
         status_read = status_write = -1
         if self.config.isolation == "bwrap":
             status_read, status_write = os.pipe()
-            argv = self._bwrap_argv(shell, command, status_write, extra_env)
+            argv = bwrap_argv(shell, command, status_fd=status_write, workspace=self.workspace, workdir=self.workdir,
+                              etc=self._etc, config=self.config, env=self._environment(extra_env))
             cwd, env = "/", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
             argv = [shell, "-c", command]
@@ -207,10 +182,10 @@ class Sandbox:
         if status_write >= 0:
             os.close(status_write)
         try:
-            self._apply_limits(proc.pid)
+            apply_limits(proc.pid, self.config, self._cgroup)
             os.write(go_write, b"go\n")
         except OSError as e:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.wait()
             raise SandboxError(f"could not apply limits to the sandbox: {e}") from e
         finally:
@@ -221,7 +196,7 @@ class Sandbox:
         self._stop(proc)
         exit_code = returncode if returncode >= 0 else 128 - returncode
         if status_read >= 0:
-            status = _read_all(status_read)
+            status = read_all(status_read)
             exit_code = self._bwrap_exit_code(status, output, exit_code, killed)
         return RunResult(exit_code, output, timed_out, duration, truncated)
 
@@ -292,23 +267,8 @@ class Sandbox:
         return text, truncated or flooded, timed_out, timed_out or flooded
 
     def _stop(self, proc: subprocess.Popen) -> None:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         self._kill_leftovers()
-
-    def _apply_limits(self, pid: int) -> None:
-        c = self.config
-        limits = {
-            resource.RLIMIT_CPU: c.cpu_s,
-            resource.RLIMIT_AS: c.memory_mb << 20,
-            resource.RLIMIT_FSIZE: c.file_size_mb << 20,
-            resource.RLIMIT_CORE: 0,
-        }
-        if self._cgroup is None and os.geteuid() != 0:
-            limits[resource.RLIMIT_NPROC] = _count_own_processes() + c.max_processes
-        for which, value in limits.items():
-            resource.prlimit(pid, which, (value, value))
-        if self._cgroup is not None:
-            (self._cgroup / "cgroup.procs").write_text(str(pid))
 
     def _environment(self, extra: dict[str, str], host: bool = False) -> dict[str, str]:
         python_bin = str(Path(sys.executable).parent)
@@ -325,43 +285,9 @@ class Sandbox:
         env.update(extra)
         return env
 
-    def _bwrap_argv(self, shell: str, command: str, status_fd: int, extra_env: dict[str, str]) -> list[str]:
-        argv = [shutil.which(BWRAP) or BWRAP, "--unshare-all", "--unshare-user", "--disable-userns",
-                "--die-with-parent", "--new-session", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-                "--hostname", "sandbox", "--cap-drop", "ALL", "--json-status-fd", str(status_fd)]
-        for path in _SYSTEM_DIRS:
-            if os.path.islink(path):
-                argv += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                argv += ["--ro-bind", path, path]
-        for path in _ETC_FILES:
-            argv += ["--ro-bind-try", path, path]
-        for name in ("passwd", "group", "hosts"):
-            argv += ["--ro-bind", str(self._etc / name), f"/etc/{name}"]
-        # the private /tmp first: an interpreter or extra bind that lives under the host's /tmp
-        # (a virtual environment in a temporary clone) is then bound on top of it, not hidden by it
-        argv += ["--size", str(self.config.tmp_size_mb << 20), "--tmpfs", "/tmp"]
-        for path in _python_roots() + list(self.config.ro_binds):
-            argv += ["--ro-bind-try", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--bind", str(self.workspace), self.workdir, "--remount-ro", "/",
-                 "--chdir", self.workdir, "--clearenv"]
-        for key, value in self._environment(extra_env).items():
-            argv += ["--setenv", key, value]
-        return argv + ["--", shell, "-c", command]
-
-    def _write_etc(self) -> Path:
-        etc = self.root / "etc"
-        etc.mkdir()
-        uid = SANDBOX_UID
-        (etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nagent:x:{uid}:{uid}:agent:/tmp:/bin/sh\n")
-        (etc / "group").write_text(f"root:x:0:\nagent:x:{uid}:\n")
-        (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
-        return etc
-
     def _kill_leftovers(self) -> None:
         if self._cgroup is not None:
-            _empty_cgroup(self._cgroup)
+            empty_cgroup(self._cgroup)
 
     # ------------------------------------------------------------------------------------------
     # Files (host side, confined to the workspace)
@@ -424,8 +350,8 @@ class Sandbox:
             return
         self._closed = True
         if self._cgroup is not None:
-            _empty_cgroup(self._cgroup)
-            _remove_cgroup(self._cgroup)
+            empty_cgroup(self._cgroup)
+            remove_cgroup(self._cgroup)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> Sandbox:
@@ -439,137 +365,5 @@ class Sandbox:
             self.close()
 
 
-# ----------------------------------------------------------------------------------------------
-# Helpers
-
-
-_SLOTS: dict[int, threading.BoundedSemaphore] = {}
-_SLOTS_LOCK = threading.Lock()
-
-
-def command_slots(limit: int = 0) -> threading.BoundedSemaphore:
-    """The process-wide semaphore that lets ``limit`` sandboxed commands run at once (0: the CPUs
-    this process may use); sandboxes configured with the same limit share it."""
-    limit = limit or len(os.sched_getaffinity(0))
-    with _SLOTS_LOCK:
-        return _SLOTS.setdefault(limit, threading.BoundedSemaphore(limit))
-
-
 def _ignore_caches(directory: str, names: list[str]) -> set[str]:
     return {n for n in names if n in IGNORED_NAMES - {".git"} or n.endswith(IGNORED_SUFFIXES)}
-
-
-def _python_roots() -> list[str]:
-    """The folders the running interpreter and its packages live in (bound read-only)."""
-    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    roots |= {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
-    return sorted(r for r in roots if not r.startswith(("/usr/", "/bin", "/lib")) and r != "/usr")
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _read_all(fd: int) -> str:
-    chunks = []
-    try:
-        while True:
-            ready, _, _ = select.select([fd], [], [], 1.0)
-            if not ready:
-                break
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", errors="replace")
-
-
-def _count_own_processes() -> int:
-    uid = os.getuid()
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    count += len(os.listdir(f"/proc/{entry.name}/task"))
-            except OSError:
-                continue
-    return count
-
-
-def _pids_cgroup_parent() -> Path | None:
-    """The folder of this process's pids cgroup (v1 ``pids`` hierarchy or the v2 unified one)."""
-    mounts: dict[str, Path] = {}
-    try:
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            left, _, right = line.partition(" - ")
-            fields, tail = left.split(), right.split()
-            if not tail:
-                continue
-            if tail[0] == "cgroup" and "pids" in tail[-1].split(","):
-                mounts["pids"] = Path(fields[4])
-            elif tail[0] == "cgroup2":
-                mounts.setdefault("", Path(fields[4]))
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            if "pids" in controllers.split(",") and "pids" in mounts:
-                return mounts["pids"] / path.lstrip("/")
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::") and "" in mounts:
-                return mounts[""] / line[3:].lstrip("/")
-    except OSError:
-        return None
-    return None
-
-
-def _make_pids_cgroup(name: str, max_pids: int) -> Path | None:
-    parent = _pids_cgroup_parent()
-    if parent is None:
-        return None
-    path = parent / name
-    try:
-        path.mkdir()
-    except OSError:
-        return None
-    try:
-        (path / "pids.max").write_text(str(max_pids))
-    except OSError:
-        _remove_cgroup(path)
-        return None
-    return path
-
-
-def _empty_cgroup(path: Path) -> None:
-    """SIGKILL every process in the cgroup until it is empty (new forks are caught on the next pass)."""
-    for _ in range(200):
-        try:
-            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.005)
-
-
-def _remove_cgroup(path: Path) -> None:
-    for _ in range(200):
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if e.errno != errno.EBUSY:
-                return
-            _empty_cgroup(path)
-            time.sleep(0.01)

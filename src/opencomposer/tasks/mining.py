@@ -23,13 +23,11 @@ whose tests need their own dependencies must make them importable by the sandbox
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import json
 import re
 import subprocess
-import sys
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -200,31 +198,3 @@ def mine(
     result = [records[sha] for sha in shas]
     (out / "mining.json").write_text(json.dumps([asdict(r) for r in result], indent=1) + "\n")
     return result
-
-
-def main(args: argparse.Namespace) -> int:
-    """``opencomposer tasks mine REPO_DIR --out DIR``."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from opencomposer.config import load_recipe
-
-    config = load_recipe(args.recipe, args.overrides)
-    try:
-        records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
-                       config=config.tasks, sandbox=config.sandbox, workers=args.workers or config.tasks.workers,
-                       progress=True)
-    except MiningError as e:
-        print(f"opencomposer tasks mine: {e}", file=sys.stderr)
-        return 2
-    table = Table(title=f"{args.repo}: {sum(r.task_id is not None for r in records)} task(s) from "
-                        f"{len(records)} commit(s)")
-    for column in ("commit", "subject", "task / why not"):
-        table.add_column(column)
-    for record in records:
-        outcome = f"[green]{record.task_id}[/] ({len(record.fail_to_pass)} fail->pass)" if record.task_id \
-            else f"[yellow]{record.reason}[/]"
-        table.add_row(record.sha[:10], record.subject[:60], outcome)
-    Console().print(table)
-    print(f"report: {Path(args.out) / 'mining.json'}")
-    return 0

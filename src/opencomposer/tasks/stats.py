@@ -19,9 +19,7 @@ Not here: scores of a policy on the suite (``opencomposer.bench``).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +60,7 @@ class Summary:
 
 def task_stats(task: Task) -> TaskStats:
     diff = diff_stats(task.gold_patch or "")
-    return TaskStats(task.id, diff.lines_added + diff.lines_removed, diff.files_changed, len(task.instruction.strip()))
+    return TaskStats(task.id, diff.lines_changed, diff.files_changed, len(task.instruction.strip()))
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -147,24 +145,3 @@ def plot(rows: list[TaskStats], path: Path, title: str) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
-
-
-def main(args: argparse.Namespace) -> int:
-    """``opencomposer tasks stats DIR``: print the table, write the PNG."""
-    from rich.console import Console
-
-    from opencomposer.config import load_recipe
-    from opencomposer.tasks.format import TaskFormatError, load_suite
-
-    try:
-        tasks = load_suite(Path(args.suite))
-    except TaskFormatError as e:
-        print(f"opencomposer tasks stats: {e}", file=sys.stderr)
-        return 2
-    rows = [task_stats(t) for t in tasks]
-    name = Path(args.suite).resolve().name
-    png = Path(args.png) if args.png else load_recipe(args.recipe, args.overrides).run.path / "stats" / f"{name}.png"
-    title = f"{name}: {len(rows)} tasks"
-    Console(width=max(Console().width, 110)).print(stats_table(summarize(rows), title))  # never wrap a row
-    print(f"histogram: {plot(rows, png, title)}")
-    return 0

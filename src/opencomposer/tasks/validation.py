@@ -18,15 +18,12 @@ Not here: the format checks of ``tasks check`` (``tasks.format.load_suite`` does
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from opencomposer.config import GradingConfig, SandboxConfig
-from opencomposer.types import Task
+from opencomposer.types import Grade, Task
 
 
 @dataclass
@@ -35,8 +32,8 @@ class Check:
 
     task_id: str
     problems: list[str] = field(default_factory=list)
-    gold: dict[str, float] = field(default_factory=dict)
-    broken: dict[str, float] = field(default_factory=dict)
+    gold: Grade | None = None  # None when grading could not be carried out (see ``problems``)
+    broken: Grade | None = None
     seconds: float = 0.0
 
     @property
@@ -70,19 +67,19 @@ def check_task(task: Task, sandbox: SandboxConfig | None = None, grading: Gradin
         check.problems.append(f"grading failed: {e}")
         return check
     gold, broken = check.gold, check.broken
-    if gold["resolved"] != 1.0:
+    if not gold.resolved:
         check.problems.append(
-            f"gold does not resolve: FAIL_TO_PASS {gold['fail_to_pass']:.2f}, PASS_TO_PASS "
-            f"{gold['pass_to_pass']:.2f}, rubric {'ok' if gold['rubric_ok'] else 'failed'}"
-            + (", timed out" if gold["test_timed_out"] else "")
+            f"gold does not resolve: FAIL_TO_PASS {gold.fail_to_pass:.2f}, PASS_TO_PASS "
+            f"{gold.pass_to_pass:.2f}, rubric {'ok' if gold.rubric_ok else 'failed'}"
+            + (", timed out" if gold.test_timed_out else "")
         )
-    if broken["resolved"] != 0.0:
+    if broken.resolved:
         check.problems.append("the untouched repository already resolves the task")
-    if task.fail_to_pass and broken["fail_to_pass"] != 0.0:
-        check.problems.append(f"{broken['fail_to_pass']:.0%} of FAIL_TO_PASS already pass without any change")
-    if broken["pass_to_pass"] != 1.0:
-        check.problems.append(f"only {broken['pass_to_pass']:.0%} of PASS_TO_PASS pass without any change")
-    if broken["test_timed_out"]:
+    if task.fail_to_pass and broken.fail_to_pass != 0.0:
+        check.problems.append(f"{broken.fail_to_pass:.0%} of FAIL_TO_PASS already pass without any change")
+    if broken.pass_to_pass != 1.0:
+        check.problems.append(f"only {broken.pass_to_pass:.0%} of PASS_TO_PASS pass without any change")
+    if broken.test_timed_out:
         check.problems.append("the untouched repository's tests time out")
     check.seconds = time.monotonic() - started
     return check
@@ -118,29 +115,3 @@ def validate_suite(
     else:
         run_all(lambda c: None)
     return [results[task.id] for task in tasks]
-
-
-def main(args: argparse.Namespace) -> int:
-    """``opencomposer tasks validate DIR``: exit 1 when a task drifted, 2 when the suite is unreadable."""
-    from opencomposer.config import load_recipe
-    from opencomposer.tasks.format import TaskFormatError, load_suite
-
-    config = load_recipe(args.recipe, args.overrides)
-    try:
-        tasks = load_suite(Path(args.suite))
-    except TaskFormatError as e:
-        print(f"opencomposer tasks validate: {e}", file=sys.stderr)
-        return 2
-    workers = args.workers or config.tasks.workers
-    grading = GradingConfig(lint=False, timeout_s=config.grading.timeout_s,
-                            per_test_timeout_s=config.grading.per_test_timeout_s)
-    checks = validate_suite(tasks, config.sandbox, grading, workers=workers)
-    drifted = [c for c in checks if c.drifted]
-    if drifted:
-        print(f"{len(drifted)} of {len(checks)} task(s) drifted:")
-        for check in drifted:
-            for problem in check.problems:
-                print(f"  {check.task_id}: {problem}")
-        return 1
-    print(f"all {len(checks)} task(s) hold: gold resolves, the untouched repository does not")
-    return 0

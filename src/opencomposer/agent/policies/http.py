@@ -1,12 +1,20 @@
-"""A policy served by an OpenAI-compatible chat-completions endpoint (hosted models, vLLM, SGLang).
+"""A policy served by an OpenAI-compatible chat-completions endpoint (hosted models, vLLM, SGLang,
+``opencomposer serve``).
 
 Text in, text out, with native function calling: the loop's messages and the tool schemas go to
 ``{base_url}/chat/completions``; the reply's ``tool_calls`` (arguments as JSON strings) come back
-as ``ToolCall`` objects, or, for servers without a tool parser, the reply text is parsed for
-``<tool_call>`` blocks by the loop. The API key is read from the environment variable
-``agent.http.api_key_env`` (absent is fine for local servers). Network errors, 429 and 5xx are
-retried with exponential backoff (``Retry-After`` honoured); other errors, and exhausted retries,
-raise ``PolicyError`` (an infrastructure failure). Token counts and cost come from ``usage``.
+as ``ToolCall`` objects. For servers without a tool-call parser set ``agent.http.native_tools =
+false``: no ``tools`` are sent, the schemas are written into the system prompt and calls and results
+travel as text (``agent.protocol.text_protocol_messages``), and the loop parses the reply's
+``<tool_call>`` blocks as it does for token-level policies. A reply's ``reasoning_content`` (or
+``reasoning``) becomes ``PolicyOutput.reasoning``, which the loop records with the turn.
+
+The token cap is sent as ``max_completion_tokens``; a server that refuses it with a 400 naming the
+parameter is asked again with ``max_tokens``, and the policy remembers that for later requests.
+The API key is read from the environment variable ``agent.http.api_key_env`` (absent is fine for
+local servers). Network errors, 429 and 5xx are retried with exponential backoff (``Retry-After``
+honoured); other errors, and exhausted retries, raise ``PolicyError`` (an infrastructure failure).
+Token counts and cost come from ``usage``.
 
 Standard library only (``urllib``); no token ids or logprobs are recorded, so these episodes are
 for evaluation, not training.
@@ -21,12 +29,22 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from opencomposer.agent.policy import Context, PolicyError, PolicyOutput
+from opencomposer.agent.policy import PolicyError
+from opencomposer.agent.protocol import text_protocol_messages
 from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import Config, HttpPolicyConfig, SamplingConfig
-from opencomposer.types import Message, ToolCall
+from opencomposer.types import Context, Message, PolicyOutput, ToolCall
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class RequestRefused(PolicyError):
+    """The server answered with a status that is not worth retrying (4xx other than 408/409/429)."""
+
+    def __init__(self, url: str, status: int, detail: str):
+        super().__init__(f"{url} answered {status}: {detail}")
+        self.status = status
+        self.detail = detail
 
 
 def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
@@ -61,17 +79,21 @@ class OpenAIPolicy:
             raise PolicyError("no model name: pass --policy openai:MODEL or set agent.http.model")
         self.name = f"openai:{self.model}"
         self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.token_cap_key = "max_completion_tokens"  # "max_tokens" once a server refused it
 
     def act(self, context: Context) -> PolicyOutput:
-        body = {
+        tools = tool_schemas()
+        messages = context.messages if self.config.native_tools else text_protocol_messages(context.messages, tools)
+        body: dict[str, Any] = {
             "model": self.model,
-            "messages": openai_messages(context.messages),
-            "tools": tool_schemas(),
+            "messages": openai_messages(messages),
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
-            "max_tokens": max(1, min(self.sampling.max_new_tokens, context.max_new_tokens)),
+            self.token_cap_key: max(1, min(self.sampling.max_new_tokens, context.max_new_tokens)),
         }
-        reply = self._post(body)
+        if self.config.native_tools:
+            body["tools"] = tools
+        reply = self._post_chat(body)
         try:
             choice = reply["choices"][0]
             message = choice["message"]
@@ -81,16 +103,30 @@ class OpenAIPolicy:
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
         calls, error = self._tool_calls(message.get("tool_calls"))
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
         return PolicyOutput(
             text=message.get("content") or "",
             tool_calls=calls,
             format_error=error,
+            reasoning=reasoning if isinstance(reasoning, str) else "",
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cost=(prompt_tokens * self.config.input_cost_per_mtok
                   + completion_tokens * self.config.output_cost_per_mtok) / 1e6,
         )
+
+    def _post_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body``; once, a 400 that names ``max_completion_tokens`` is answered by sending
+        the cap as ``max_tokens`` instead, now and in every later request of this policy."""
+        try:
+            return self._post(body)
+        except RequestRefused as e:
+            if e.status != 400 or "max_completion_tokens" not in e.detail or "max_completion_tokens" not in body:
+                raise
+        self.token_cap_key = "max_tokens"  # a plain assignment: parallel episodes may race to it harmlessly
+        body["max_tokens"] = body.pop("max_completion_tokens")
+        return self._post(body)
 
     @staticmethod
     def _tool_calls(raw: Any) -> tuple[list[ToolCall] | None, str | None]:
@@ -126,7 +162,7 @@ class OpenAIPolicy:
             except urllib.error.HTTPError as e:
                 detail = e.read().decode(errors="replace")[:300]
                 if e.code not in RETRY_STATUS:
-                    raise PolicyError(f"{self.url} answered {e.code}: {detail}") from e
+                    raise RequestRefused(self.url, e.code, detail) from e
                 last_error = f"HTTP {e.code}: {detail}"
                 retry_after = e.headers.get("Retry-After") if e.headers else None
                 wait = float(retry_after) if retry_after and retry_after.replace(".", "", 1).isdigit() else delay

@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from opencomposer.agent.policy import Context, PolicyError, PolicyOutput
+from opencomposer.agent.policy import PolicyError
 from opencomposer.config import Config, SamplingConfig
-from opencomposer.inference.engine import Engine, SamplingParams
 from opencomposer.model.tokenizer import stop_token_ids
+from opencomposer.protocols import Engine
+from opencomposer.types import Context, PolicyOutput, SamplingParams
 
 
 class EnginePolicy:

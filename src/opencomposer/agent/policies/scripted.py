@@ -21,11 +21,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opencomposer.agent.policy import Context, PolicyOutput
 from opencomposer.agent.protocol import encode, format_tool_call
 from opencomposer.model.tokenizer import IM_END
 from opencomposer.sandbox.patch import apply_hunks, parse_patch
-from opencomposer.types import Task, ToolCall
+from opencomposer.types import Context, PolicyOutput, Task, ToolCall
 
 ScriptTurn = str | list[ToolCall]
 Script = Sequence[ScriptTurn] | Callable[[Task], Sequence[ScriptTurn]]

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.config import GradingConfig, SandboxConfig, TasksConfig
+from opencomposer.envs.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import file_diff
+from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import write_task
 from opencomposer.tasks.generators.source import (
     SourceRepo,
@@ -48,7 +50,6 @@ from opencomposer.tasks.generators.source import (
     tree_digest,
     write_tree,
 )
-from opencomposer.tasks.generators.testrun import TestRun, run_tests
 from opencomposer.types import Task
 
 
@@ -100,6 +101,10 @@ class Outcome:
 class Lab:
     """Runs tests in the sandbox with the generation settings, caching runs by tree content.
 
+    Mutated or mined code is untrusted (it may loop forever, fork, fill the disk), so every run
+    writes its tree into a fresh sandbox and goes through ``envs.testrun.run_tests``, the runner
+    grading uses: the node ids listed here are the ids grading looks up.
+
     Thread-safe: parallel workers asking for the same tree wait for one run."""
 
     def __init__(self, config: TasksConfig | None = None, sandbox: SandboxConfig | None = None):
@@ -122,8 +127,10 @@ class Lab:
             with self._lock:
                 if key in self._runs:
                     return self._runs[key]
-            result = run_tests(tree, test_command, self.sandbox, timeout_s=self.config.test_timeout_s,
-                               per_test_timeout_s=self.config.per_test_timeout_s)
+            with Sandbox(None, self.sandbox) as sandbox:
+                write_tree(tree, sandbox.workspace)
+                result = run_tests(sandbox, test_command, timeout_s=self.config.test_timeout_s,
+                                   per_test_timeout_s=self.config.per_test_timeout_s)
             with self._lock:
                 self._runs[key] = result
                 self._pending.pop(key, None)

@@ -31,10 +31,8 @@ Not here: how each kind makes its candidates (``bugs``, ``deletion``, ``refactor
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +49,7 @@ from opencomposer.tasks.generators.common import (
     realize,
     rng_for,
 )
-from opencomposer.tasks.generators.source import SourceRepo, load_source, project
+from opencomposer.tasks.generators.source import SourceRepo, project
 from opencomposer.types import Task
 
 GENERATOR_KINDS = ("bugs", "deletion", "refactor")
@@ -237,36 +235,3 @@ def stream(factory: TaskFactory, out: Path, start: int = 0) -> Iterator[Task]:
         if result.task is not None:
             yield result.task
         index += 1
-
-
-def main(args: argparse.Namespace) -> int:
-    """``opencomposer tasks generate``."""
-    from opencomposer.config import load_recipe
-
-    config = load_recipe(args.recipe, args.overrides)
-    out = Path(args.out)
-    if args.count < 1:
-        print(f"opencomposer tasks generate: --count must be >= 1, got {args.count}", file=sys.stderr)
-        return 2
-    if args.kind == "tiny":
-        from opencomposer.tasks.generators.tiny import write_tiny_suite
-
-        tasks = write_tiny_suite(out, args.count, seed=args.seed, split=args.split, sandbox=config.sandbox)
-        print(f"{len(tasks)} tiny task(s) in {out}")
-        return 0
-    sources = [load_source(Path(s)) for s in args.source] if args.source else None
-    factory = TaskFactory(args.kind, seed=args.seed, split=args.split, config=config.tasks,
-                          sandbox=config.sandbox, sources=sources)
-    workers = args.workers or config.tasks.workers
-    started = time.monotonic()
-    results = generate(factory, args.count, out, start=args.start, workers=workers)
-    made = [r for r in results if r.task is not None]
-    failed = [r for r in results if r.task is None]
-    minutes = (time.monotonic() - started) / 60
-    print(f"{len(made)} verified task(s) in {out} ({len(made) / max(minutes, 1e-9):.1f} per minute); "
-          f"{sum(len(r.attempts) - 1 for r in made) + sum(len(r.attempts) for r in failed)} candidate(s) "
-          f"rejected; report: {out / 'generation.json'}")
-    for result in failed:
-        print(f"  index {result.index}: no task after {len(result.attempts)} attempt(s); last: "
-              f"{result.attempts[-1].reason if result.attempts else '-'}", file=sys.stderr)
-    return 0 if len(made) == args.count else 1

@@ -8,7 +8,7 @@ folder the user points at. Reading skips version control (``.git``), caches (``_
 build outputs, so a task repository written from a tree carries no bytecode, no type-checker cache
 and no history that could reveal deleted or original code (RECIPE.md §9, the reward hacks).
 
-Not here: running tests (``generators.testrun``), editing code (``generators.edits``).
+Not here: running tests (``envs.testrun``), editing code (``generators.edits``).
 """
 
 from __future__ import annotations

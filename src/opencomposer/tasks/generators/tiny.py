@@ -205,10 +205,10 @@ def verify_task(task: Task, sandbox: SandboxConfig | None = None, grading: Gradi
     grading = grading or GradingConfig(lint=False)
     gold = grade(task, task.gold_patch or "", None, sandbox, grading)
     broken = grade(task, "", None, sandbox, grading)
-    if gold["resolved"] != 1.0 or broken["resolved"] != 0.0:
+    if not gold.resolved or broken.resolved:
         raise ValueError(
-            f"task {task.id}: gold resolved = {gold['resolved']}, untouched resolved = {broken['resolved']}; "
-            "expected 1 and 0"
+            f"task {task.id}: gold resolved = {gold.resolved}, untouched resolved = {broken.resolved}; "
+            "expected True and False"
         )
 
 

@@ -1,0 +1,21 @@
+"""``opencomposer rl``: the synchronous RL loop in the agent harness (``rl.loop``); a rerun resumes the
+run folder's newest checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+from opencomposer.config import load_recipe
+
+
+def main(args: argparse.Namespace) -> int:
+    from opencomposer.rl.loop import run_rl
+
+    summary = run_rl(load_recipe(args.recipe, args.overrides))
+    first, last = summary.first_eval, summary.last_eval
+    line = f"{summary.steps} steps in {summary.seconds:.0f} s; run folder {summary.run_dir}"
+    if first and last:
+        line += (f"; held-out pass@1 {first['pass_at_1']:.3f} → {last['pass_at_1']:.3f}, "
+                 f"best-of-{int(last['k'])} {first['best_of_k']:.3f} → {last['best_of_k']:.3f}")
+    print(line)
+    return 0

@@ -1,0 +1,97 @@
+"""The agent and the policies that drive it: ``[agent]``, ``[agent.http]``, ``[sampling]``
+(``opencomposer.agent``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opencomposer.config.section import ConfigError, Section
+
+POLICY_NAMES = ("oracle", "noop", "local", "openai")
+"""The names a policy spec (``NAME`` or ``NAME:ARGUMENT``) may start with: the keys of
+``opencomposer.agent.policy.POLICIES`` (a test keeps the two equal)."""
+
+
+@dataclass
+class SamplingConfig(Section):
+    """How a policy samples its turns (local engine and OpenAI-compatible servers)."""
+
+    section = "sampling"
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k. Local sampling only: the chat-completions API has no top-k."""
+    max_new_tokens: int = 256
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"sampling.temperature: must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"sampling.top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"sampling.top_k: must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"sampling.max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class HttpPolicyConfig(Section):
+    """An OpenAI-compatible chat-completions endpoint (hosted models, vLLM or SGLang servers)."""
+
+    section = "agent.http"
+
+    base_url: str = "https://api.openai.com/v1"
+    """Endpoint root; ``/chat/completions`` is appended."""
+    model: str = ""
+    """Model name sent with each request; ``--policy openai:NAME`` overrides it."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key (never put the key in a recipe); may be unset for
+    local servers."""
+    max_retries: int = 5
+    """Retries of a request that failed with a network error, 429 or 5xx."""
+    backoff_s: float = 1.0
+    """First retry delay; doubled after each failure (honours ``Retry-After``)."""
+    request_timeout_s: float = 300.0
+    input_cost_per_mtok: float = 0.0
+    """Price of a million prompt tokens, for cost accounting from ``usage``."""
+    output_cost_per_mtok: float = 0.0
+    """Price of a million completion tokens."""
+    native_tools: bool = True
+    """Send the tool schemas as ``tools`` and read native ``tool_calls``. False for servers without a
+    tool-call parser: the schemas go into the system prompt and calls are read from the reply text
+    (``agent.protocol.text_protocol_messages``)."""
+
+    def validate(self) -> None:
+        if self.max_retries < 0:
+            raise ConfigError(f"agent.http.max_retries: must be >= 0, got {self.max_retries}")
+        if self.backoff_s < 0 or self.request_timeout_s <= 0:
+            raise ConfigError("agent.http.backoff_s must be >= 0 and agent.http.request_timeout_s > 0")
+        if self.input_cost_per_mtok < 0 or self.output_cost_per_mtok < 0:
+            raise ConfigError("agent.http.input_cost_per_mtok and output_cost_per_mtok: must be >= 0")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"agent.http.base_url: {self.base_url!r} is not an http(s) URL")
+
+
+@dataclass
+class AgentConfig(Section):
+    """The agent loop (``opencomposer.agent.loop``); per-task budgets come from each task."""
+
+    section = "agent"
+
+    system_prompt: str = ""
+    """System prompt; empty uses the built-in one (``opencomposer.agent.protocol.SYSTEM_PROMPT``)."""
+    max_observation_chars: int = 12_000
+    """A tool result longer than this is cut to its first and last halves before the model sees it."""
+    context_window: int = 0
+    """Tokens one segment may hold (prompt, turns and tool outputs); 0 takes the model's maximum.
+    Reaching it ends the episode as a budget stop (self-summarisation will close the segment instead)."""
+    http: HttpPolicyConfig = field(default_factory=HttpPolicyConfig)
+
+    def validate(self) -> None:
+        if self.max_observation_chars < 200:
+            raise ConfigError(
+                f"agent.max_observation_chars: must be at least 200, got {self.max_observation_chars}"
+            )
+        if self.context_window < 0:
+            raise ConfigError(f"agent.context_window: must be >= 0, got {self.context_window}")

@@ -1,0 +1,58 @@
+"""``Config``: a whole recipe, one field per TOML table, and the rules between its tables."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from opencomposer.config.agent import AgentConfig, SamplingConfig
+from opencomposer.config.bench import EvalConfig
+from opencomposer.config.grading import GradingConfig
+from opencomposer.config.model import CorpusConfig, ModelConfig, TokenizerConfig
+from opencomposer.config.numerics import NumericsConfig
+from opencomposer.config.pretrain import PretrainConfig, SFTConfig
+from opencomposer.config.rl import RLConfig
+from opencomposer.config.run import RunConfig
+from opencomposer.config.sandbox import SandboxConfig
+from opencomposer.config.section import ConfigError, Section
+from opencomposer.config.tasks import TasksConfig
+
+
+@dataclass
+class Config(Section):
+    """A whole recipe. Sections match the TOML tables of ``recipes/*.toml``."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
+    """Not applied by any command yet: a recipe must leave it at its defaults (see ``validate``)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    grading: GradingConfig = field(default_factory=GradingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+
+    def validate(self) -> None:
+        default = NumericsConfig()
+        changed = [f.name for f in dataclasses.fields(default)
+                   if getattr(self.numerics, f.name) != getattr(default, f.name)]
+        if changed:
+            raise ConfigError(
+                f"numerics.{changed[0]} = {getattr(self.numerics, changed[0])!r}: [numerics] is not applied by any "
+                "command yet (see the router-replay/low-precision issue); leave it at its defaults. In code, "
+                "opencomposer.numerics.convert.convert_model takes a NumericsConfig directly"
+            )
+        # The sandbox clamps every command to max_timeout_s: a longer test limit would silently not hold.
+        for key, timeout_s in (("grading.timeout_s", self.grading.timeout_s),
+                               ("tasks.test_timeout_s", self.tasks.test_timeout_s)):
+            if timeout_s > self.sandbox.max_timeout_s:
+                raise ConfigError(
+                    f"{key}: {timeout_s:g} s exceeds sandbox.max_timeout_s = {self.sandbox.max_timeout_s:g} s, "
+                    "where the sandbox would cut the test run; raise sandbox.max_timeout_s or lower the limit"
+                )

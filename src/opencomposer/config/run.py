@@ -1,0 +1,33 @@
+"""``[run]``: what names a run and where it happens (seed, device, threads, output folder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from opencomposer.config.section import ConfigError, Section
+
+
+@dataclass
+class RunConfig(Section):
+    section = "run"
+
+    name: str = "run"
+    """Run name; outputs go to ``{out_dir}/{name}``."""
+    out_dir: str = "runs"
+    """Parent folder of run outputs (checkpoints, metrics, plots)."""
+    seed: int = 0
+    """Seed for every random choice of the run (data order, init, sampling)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where tensors live; ``auto`` picks CUDA when available."""
+    threads: int = 0
+    """torch intra-op threads; 0 keeps torch's default."""
+
+    def validate(self) -> None:
+        if self.threads < 0:
+            raise ConfigError(f"run.threads: must be >= 0 (0 = torch's default), got {self.threads}")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.out_dir) / self.name

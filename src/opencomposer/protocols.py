@@ -1,0 +1,112 @@
+"""Every seam between the layers, as a ``typing.Protocol``, in one place.
+
+A backend plugs in by implementing one of these; nothing above the seam knows which backend it
+talks to. The records that cross the seams (``SamplingParams``, ``Completion``, ``Context``,
+``PolicyOutput``, ``RunResult``, ``Grade``) live in ``types``.
+
+| protocol     | implemented by (today)                         | to come                          |
+|--------------|------------------------------------------------|----------------------------------|
+| ``Engine``     | ``inference.LocalEngine``, ``BatchingEngine``  | vLLM, HTTP, Ray actors           |
+| ``Policy``     | ``agent.policies``: local, scripted, OpenAI-compatible HTTP | Ray actors          |
+| ``Summarizer`` | test doubles                                   | self-summary, compaction, truncation |
+| ``Workspace``  | ``sandbox.Sandbox``                            | remote environment workers       |
+| ``Grader``     | ``envs.grading.GradeCache``                    | graders in environment services  |
+| ``WeightSink`` | ``LocalEngine``                                | the weight store's subscribers   |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from opencomposer.types import (
+    Completion,
+    Context,
+    Grade,
+    Message,
+    PolicyOutput,
+    RunResult,
+    SamplingParams,
+    Task,
+)
+
+
+@runtime_checkable
+class WeightSink(Protocol):
+    """Takes a new version of the policy's weights (``state_dict`` maps parameter names to tensors)."""
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
+
+
+@runtime_checkable
+class Engine(WeightSink, Protocol):
+    """Token in, token out: ``generate`` returns ``len(prompts) * n`` completions, prompt-major
+    (all samples of prompt 0, then prompt 1, ...), each with the sampler's logprob of every token
+    and, for MoE models, its routed experts. ``policy_version`` is the version of the weights that
+    sampled the tokens (RECIPE.md §6)."""
+
+    policy_version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Completion]: ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Turns the context into one model turn. Token-level policies set ``tokenizer`` and read
+    ``Context.token_ids``; text policies read ``Context.messages``. A policy keeps no per-episode
+    state, so one object serves parallel episodes."""
+
+    name: str
+    tokenizer: Any | None
+
+    def act(self, context: Context) -> PolicyOutput: ...
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Closes a segment when its context is full and opens the next one (RECIPE.md §5).
+
+    ``loop`` is the running ``agent.loop.AgentLoop`` (its task, segment, messages and policy);
+    ``summarize`` returns the messages the next segment starts from.
+    """
+
+    def should_summarize(self, loop: Any) -> bool: ...
+
+    def summarize(self, loop: Any) -> list[Message]: ...
+
+
+@runtime_checkable
+class Workspace(Protocol):
+    """A task repository the agent may change, and a jail to run commands over it."""
+
+    workspace: Path  # the host folder holding the repository
+
+    def run(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> RunResult:
+        """Run ``command`` in the jail; what it does (fail, time out, hit a limit) is in the result."""
+        ...
+
+    def resolve(self, path: str, must_exist: bool = False) -> Path:
+        """The host path of a workspace path, refusing anything that leaves the workspace."""
+        ...
+
+    def relpath(self, host_path: Path) -> str:
+        """The workspace-relative path of a host path inside it."""
+        ...
+
+    def command_path(self, rel: str) -> str:
+        """How a command inside the jail names the workspace-relative path ``rel``."""
+        ...
+
+    def diff(self) -> str:
+        """The unified diff from the task's starting repository to the workspace now."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Grader(Protocol):
+    """Scores a change to a task: hidden tests, rubric and lint. ``out_dir`` (when given) receives
+    ``reward.json``. An infrastructure failure raises; it is never a zero grade."""
+
+    def grade(self, task: Task, diff: str, final_message: str | None = None, *, out_dir: Path | None = None) -> Grade: ...

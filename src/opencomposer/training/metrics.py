@@ -1,0 +1,95 @@
+"""The metrics of every trainer: ``{folder}/metrics.jsonl`` and TensorBoard events in ``{folder}/tb``.
+
+One JSON line per logged row, ``{"step": N, "kind": "train" | "eval", "time": unix seconds,
+...numbers}``, and the same numbers as TensorBoard scalars tagged ``{kind}/{name}``. Every line
+is flushed as it is written, so ``tail -f`` and a crash both see everything up to the last row.
+
+Two guarantees for resumable runs (RL):
+
+- ``sync()`` fsyncs the file; a trainer calls it before each checkpoint, so that a resume never
+  finds the log shorter than its checkpoint.
+- ``MetricsLog(folder, resume_step=N)`` cuts the log back to step N first: the lines after N (the
+  steps the resume replays) and a line torn by a kill are dropped, and TensorBoard purges its
+  events after N. Without ``resume_step`` the log starts empty.
+
+``read_metrics`` reads the rows back. Where each trainer's folder is: docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from opencomposer.io import atomic_write_text
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _parsed(line: str) -> dict[str, Any] | None:
+    """The row of a ``metrics.jsonl`` line; None for a blank or torn line (a kill mid-write)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
+def read_metrics(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` (or of ``{path}/metrics.jsonl`` for a folder), of ``kind``
+    only when given; a torn line is skipped."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    rows = [row for row in map(_parsed, path.read_text().splitlines()) if row is not None]
+    return [row for row in rows if kind is None or row.get("kind") == kind]
+
+
+class MetricsLog:
+    """``{folder}/metrics.jsonl`` plus ``{folder}/tb``; see the module doc."""
+
+    def __init__(self, folder: Path, resume_step: int | None = None, *, tensorboard: bool = True):
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / METRICS_FILE
+        kept = []
+        if resume_step is not None and self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if (row := _parsed(line)) is not None and row["step"] <= resume_step]
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1
+            self.writer = SummaryWriter(str(folder / "tb"), purge_step=purge)
+        self.file = self.path.open("a")
+
+    def log(self, step: int, kind: str, metrics: dict[str, float]) -> None:
+        row = {"step": step, "kind": kind, "time": time.time(), **metrics}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.writer is not None:
+            for name, value in metrics.items():
+                self.writer.add_scalar(f"{kind}/{name}", value, step)
+            self.writer.flush()
+
+    def sync(self) -> None:
+        """Make every line logged so far durable (before a checkpoint; see module doc)."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
