@@ -132,6 +132,27 @@ def test_zero_and_nan_rows():
     assert torch.equal(out[2], dequantize_nvfp4(quantize_nvfp4(x[2:], "token"))[0])
 
 
+@pytest.mark.parametrize("granularity", ["token", "tensor"])
+@pytest.mark.parametrize("division", ["exact", "approx"])
+def test_negative_zero_blocks_encode_as_positive_zero(granularity, division):
+    """Zero blocks get a +0 block scale and zero codes, never the -0 scale with -6 codes that the
+    sign of ``maximum(amax, -amin)`` once produced; a -0.0 element keeps its sign as E2M1 -0
+    (0x8), as the reference and a sign-preserving float-to-E2M1 conversion write it."""
+    x = _heavy_tailed((4, 32), seed=5)
+    x[0] = 0.0  # a whole row of +0
+    x[1] = -0.0  # a whole row of -0
+    x[2, :16] = -0.0  # one -0 block of a row whose other block is not zero
+    fast = quantize_nvfp4(x, granularity, division)
+    slow = quantize_nvfp4_reference(x, granularity, division)
+    assert fast.block_scale[:2].eq(0).all() and fast.block_scale[2, 0].item() == 0
+    assert fast.data[0].eq(0x00).all()
+    assert fast.data[1].eq(0x88).all() and fast.data[2, :8].eq(0x88).all()
+    assert dequantize_nvfp4(fast)[:2].eq(0).all()
+    assert torch.equal(fast.block_scale, slow.block_scale)
+    assert torch.equal(fast.data, slow.data)
+    assert torch.equal(fast.global_scale, slow.global_scale)
+
+
 def test_tensor_method_and_shapes():
     q = quantize_nvfp4(torch.ones(2, 3, 32), "token")
     assert isinstance(q, NVFP4Tensor)

@@ -113,7 +113,9 @@ def quantize_nvfp4(
     block_amax = torch.empty(blocks.shape[:2], dtype=torch.float32, device=x.device)  # [R, B]
     for start in range(0, blocks.shape[0], rows):
         chunk = blocks[start : start + rows]
-        block_amax[start : start + rows] = torch.maximum(chunk.amax(dim=-1), -chunk.amin(dim=-1))
+        # abs: an all-zero block of -0.0 has amax -0 and -amin +0, and maximum may keep the -0,
+        # which would encode a -0 block scale and -6 codes where the reference writes +0
+        block_amax[start : start + rows] = torch.maximum(chunk.amax(dim=-1), -chunk.amin(dim=-1)).abs()
     if scale_granularity == "token":
         amax = block_amax.amax(dim=-1, keepdim=True)  # [R, 1]
     else:
