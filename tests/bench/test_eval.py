@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from opencomposer.agent.policies.scripted import noop_policy, oracle_policy
+from opencomposer.agent.policies.scripted import ScriptedPolicy, call, noop_policy, oracle_policy
 from opencomposer.bench.eval import run_eval
-from opencomposer.bench.summary import summarize, wilson_interval
+from opencomposer.bench.summary import summarize, summary_table, wilson_interval
 from opencomposer.cli import main
 from opencomposer.config import Config
 from opencomposer.tasks.format import load_suite
@@ -49,6 +49,47 @@ def test_cli_eval_writes_results_and_prints_the_table(tmp_path: Path, capsys: py
     assert "noop on" in out and "resolved" in out and f"results: {tmp_path / 'results.jsonl'}" in out
     assert [json.loads(line)["task_id"] for line in (tmp_path / "results.jsonl").read_text().splitlines()] == [
         "feature-slugify"]
+
+
+JUNK = "Sure! I would fix the bug by editing calc.py."  # prose, no tool call: a format error every turn
+
+
+@pytest.mark.bwrap
+def test_a_model_that_never_speaks_the_protocol_shows_in_progress_lines_and_summary(tmp_path: Path, capsys):
+    """Not a terminal (capsys): one plain progress line per finished episode, and the summary
+    and its table say why episodes ended and how many turns failed to parse."""
+    tasks = [t for t in load_suite(FIXTURES) if t.id == "fix-add"]  # max_turns = 8
+    junk = ScriptedPolicy([JUNK] * 50, name="junk")
+    # one valid call, then junk: the turn budget ends it, with 7 of its 8 turns unparsed
+    one_call = ScriptedPolicy([[call("run", command="ls")], *[JUNK] * 50], name="one-call")
+    result = run_eval(tasks, junk, Config(), tmp_path / "junk", passes=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval ")]
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"]
+    assert all("fix-add#" in line and "(format errors, 8 turns, 8 format errors)" in line for line in lines), lines
+    assert [r["ended_by"] for r in result.rows] == ["format_errors", "format_errors"]
+    assert result.summary["ended_by"] == {"format_errors": 2}
+    assert result.summary["format_errors_per_turn"] == 1.0
+    saved = json.loads((tmp_path / "junk" / "results.jsonl").read_text().splitlines()[0])
+    assert saved["ended_by"] == "format_errors" and saved["format_errors"] == 8.0
+
+    partial = run_eval(tasks, one_call, Config(), tmp_path / "one-call", progress=False)
+    assert partial.summary["ended_by"] == {"turn_budget": 1}
+    assert partial.summary["format_errors_per_turn"] == 7 / 8
+
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(summary_table(result.summary))
+    table = console.export_text()
+    assert "format errors 2" in table and "format errors / turn" in table and "1.00" in table
+    assert "does not speak the tool protocol" in table
+
+
+def test_end_reasons_of_rows_written_before_they_were_recorded():
+    rows = [{"task_id": "a", "status": "ok", **_grade_fields(True, 1)},
+            {"task_id": "b", "status": "timeout", **_grade_fields(False, 1)},
+            {"task_id": "c", "status": "infra_error"}]
+    assert summarize(rows)["ended_by"] == {"submitted": 1, "infra_error": 1, "unrecorded": 1}
 
 
 def test_cli_reports_a_broken_suite(tmp_path: Path, capsys: pytest.CaptureFixture):

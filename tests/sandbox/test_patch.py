@@ -10,7 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opencomposer.sandbox.patch import PatchError, apply_patch, diff_stats, diff_trees, parse_patch
+from opencomposer.sandbox.patch import (
+    PatchError,
+    apply_patch,
+    comment_text,
+    diff_stats,
+    diff_trees,
+    parse_patch,
+)
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -116,3 +123,81 @@ def test_diff_stats_counts_lines_and_added_text():
     assert (stats.files_changed, stats.lines_added, stats.lines_removed) == (2, 2, 1)
     assert stats.paths == ["src/new_name.py", "lib.py"]
     assert stats.added_lines == {"src/new_name.py": ["def f(): return 2"], "lib.py": ["# end"]}
+
+
+MIXED_LANGUAGES = """\
+diff --git a/app/core.py b/app/core.py
+--- a/app/core.py
++++ b/app/core.py
+@@ -1,4 +1,6 @@
+ import os
+-# old note
++# Let me handle the empty case
++    # TODO: cache this
+ def load(path):
+-    return open(path).read()
++    return open(path).read()  # code first: not a comment line
++x = "# inside a string"
+diff --git a/scripts/run.sh b/scripts/run.sh
+new file mode 100755
+--- /dev/null
++++ b/scripts/run.sh
+@@ -0,0 +1,3 @@
++#!/bin/bash
++# FIXME: quote the arguments
++exec python -m app "$@"
+diff --git a/web/ui.js b/web/ui.js
+--- a/web/ui.js
++++ b/web/ui.js
+@@ -1,3 +1,5 @@
+--- counter;
++/* wait, this breaks on null
++ * when the list is empty */
++// XXX remove before release
++let n = 0; // TODO
+ render();
+-// old comment
+diff --git a/old.py b/old.py
+deleted file mode 100644
+--- a/old.py
++++ /dev/null
+@@ -1,2 +0,0 @@
+-# gone
+-x = 1
+"""
+
+
+def test_diff_stats_against_a_count_by_hand():
+    stats = diff_stats(MIXED_LANGUAGES)
+    assert stats.paths == ["app/core.py", "scripts/run.sh", "web/ui.js", "old.py"]
+    # added: 4 in core.py, 3 in run.sh, 4 in ui.js; removed: 2, 0, 2 ("-- counter;" is a line, not a
+    # file header), 2 (a deleted file's lines count under its old path)
+    assert {p: len(lines) for p, lines in stats.added_lines.items()} == {
+        "app/core.py": 4, "scripts/run.sh": 3, "web/ui.js": 4, "old.py": 0}
+    assert stats.removed_lines == {"app/core.py": ["# old note", "    return open(path).read()"],
+                                   "scripts/run.sh": [], "web/ui.js": ["-- counter;", "// old comment"],
+                                   "old.py": ["# gone", "x = 1"]}
+    assert (stats.files_changed, stats.lines_added, stats.lines_removed, stats.lines_changed) == (4, 11, 6, 17)
+    # comment lines: core.py 2 (the indented one too; not code followed by "#", not "#" in a string),
+    # run.sh 2 (the shebang is a "#" line), ui.js 3 (a block comment's "/*" and " *" lines, "//")
+    assert stats.comment_lines_added() == 7
+    # lines with a marker: TODO in core.py, FIXME in run.sh, XXX and TODO (after code) in ui.js
+    assert stats.todo_lines_added() == 4
+
+
+@pytest.mark.parametrize(
+    ("path", "line", "text"),
+    [
+        ("a.py", "    # note", "note"),
+        ("a.py", "x = 1  # note", None),
+        ("a.py", "// not python", None),
+        ("a.sh", "#!/bin/sh", "!/bin/sh"),
+        ("a.js", " * continued", "continued"),
+        ("a.js", "/* opened", "opened"),
+        ("a.js", "# not js", None),
+        ("README.md", "# A heading", None),  # a suffix without a comment syntax: never a comment
+        ("Makefile", "# rule", None),
+    ],
+)
+def test_comment_lines_by_suffix(path: str, line: str, text: str | None):
+    assert comment_text(path, line) == text

@@ -1,4 +1,11 @@
-"""The sandbox really blocks what model-written code must not do: each test attempts the escape."""
+"""The sandbox really blocks what model-written code must not do: each test attempts the escape.
+
+Every test here runs commands in the bubblewrap jail; what works without it (``isolation =
+"none"``, the refusal when bwrap is missing, path checks on the host) is in ``test_no_isolation.py``.
+Limits are checked by their outcomes (the timed-out flag, the exit code, what the command printed,
+timestamps the commands took inside the jail), never by how long a run took on this machine;
+``benchmarks/sandbox.py`` measures the costs.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,9 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import SandboxConfig
-from opencomposer.sandbox import workspace as sandbox_module
-from opencomposer.sandbox.workspace import (
-    PathOutsideWorkspace,
-    Sandbox,
-    SandboxError,
-    SandboxUnavailable,
-    bwrap_available,
-)
+from opencomposer.sandbox.workspace import Sandbox, SandboxError
 
-pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+pytestmark = pytest.mark.bwrap
 
 
 def processes_with(marker: str) -> list[int]:
@@ -114,13 +114,11 @@ def test_fork_bomb_is_contained_and_leaves_nothing(repo: Path):
     marker = f"ocbomb{uuid.uuid4().hex[:6]}"
     bomb = f"{marker}() {{ {marker} | {marker} & }}; {marker}; sleep 3; echo survived"
     with Sandbox(repo, config) as sb:
-        started = time.monotonic()
         result = sb.run(bomb, timeout_s=20)
-        elapsed = time.monotonic() - started
         cgroup = sb._cgroup
         if cgroup is not None:
             assert int((cgroup / "pids.peak").read_text()) <= 64
-    assert "survived" in result.output and elapsed < 15
+    assert "survived" in result.output and not result.timed_out  # the shell went on after the bomb
     assert "fork" in result.output.lower() or "resource temporarily unavailable" in result.output.lower()
     assert processes_with(marker) == []
 
@@ -133,16 +131,16 @@ def test_memory_hog_fails_inside_the_sandbox(repo: Path):
 
 def test_endless_loop_is_killed_at_the_wall_clock_limit(repo: Path):
     with Sandbox(repo) as sb:
-        result = sb.run("while true; do :; done", timeout_s=1)
-    assert result.timed_out and result.exit_code == 137
-    assert 1.0 <= result.duration_s < 3.0
+        result = sb.run("echo started; while true; do :; done; echo never", timeout_s=1)
+    assert result.timed_out and result.exit_code == 137  # SIGKILL
+    assert result.output == "started\n" and result.duration_s >= 1.0  # not killed before its limit
 
 
 def test_cpu_time_limit_kills_a_busy_process(repo: Path):
     with Sandbox(repo, SandboxConfig(cpu_s=1)) as sb:
         result = sb.run("python -c 'while True: pass'", timeout_s=20)
+    # killed by the 1 s CPU limit, long before the 20 s wall-clock limit would have timed it out
     assert not result.timed_out and result.exit_code in (137, 152)  # SIGKILL or SIGXCPU
-    assert result.duration_s < 10
 
 
 def test_huge_output_is_capped_keeping_head_and_tail(repo: Path):
@@ -153,7 +151,7 @@ def test_huge_output_is_capped_keeping_head_and_tail(repo: Path):
     assert finite.truncated and finite.exit_code == 0
     assert finite.output.startswith("1\n2\n3\n") and finite.output.endswith("99999\n100000\n")
     assert "bytes of output omitted" in finite.output and len(finite.output) < 2200
-    assert endless.truncated and not endless.timed_out and endless.duration_s < 10
+    assert endless.truncated and not endless.timed_out  # stopped at the output cap, not the time limit
     assert "printed more than 1 MiB" in endless.output and len(endless.output) < 2300
 
 
@@ -169,9 +167,11 @@ def test_no_process_survives_a_command_or_close(repo: Path):
     with Sandbox(repo) as sb:
         result = sb.run(
             f"(exec -a {marker}-a sleep 1000) & nohup bash -c 'exec -a {marker}-b sleep 1000' >/dev/null 2>&1 & "
-            f"setsid bash -c 'exec -a {marker}-c sleep 1000' & echo started"
+            f"setsid bash -c 'exec -a {marker}-c sleep 1000' & echo started",
+            timeout_s=30,
         )
-        assert result.output.strip() == "started" and result.duration_s < 5
+        # returned when the shell exited: it did not wait out the sleeps to its limit
+        assert result.output.strip() == "started" and not result.timed_out and result.exit_code == 0
         time.sleep(0.2)
         assert processes_with(marker) == []
         root = sb.root
@@ -206,55 +206,25 @@ def test_diff_shows_added_changed_and_deleted_files(repo: Path):
     )
 
 
-def test_resolve_keeps_paths_inside_the_workspace(repo: Path):
-    with Sandbox(repo) as sb:
-        sb.run("ln -s /etc/passwd leak; ln -s .. up; ln -s pkg inner")
-        assert sb.resolve("pkg/mod.py") == sb.workspace / "pkg" / "mod.py"
-        assert sb.resolve("/workspace/pkg/mod.py") == sb.workspace / "pkg" / "mod.py"
-        assert sb.resolve("inner/mod.py") == sb.workspace / "pkg" / "mod.py"
-        for bad in ("../x", "pkg/../../x", "/etc/passwd", "leak", "up/x", "", "a\0b"):
-            with pytest.raises(PathOutsideWorkspace):
-                sb.resolve(bad)
-
-
-def test_close_twice_and_run_after_close(repo: Path):
-    sb = Sandbox(repo)
-    sb.close()
-    sb.close()
-    with pytest.raises(SandboxError, match="closed sandbox"):
-        sb.run("true")
-
-
 def test_a_jail_that_cannot_be_set_up_is_a_sandbox_error(repo: Path):
     with Sandbox(repo, workdir="/proc/sys/oc-cannot-mount-here") as sb:
         with pytest.raises(SandboxError, match="bubblewrap failed"):
             sb.run("true")
 
 
-def test_missing_bwrap_refuses_unless_isolation_none(repo: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sandbox_module, "BWRAP", "bwrap-not-installed-anywhere")
-    monkeypatch.setattr(sandbox_module, "_BWRAP_OK", None)
-    with pytest.raises(SandboxUnavailable, match="isolation = \"none\""):
-        Sandbox(repo)
-    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
-        with Sandbox(repo, SandboxConfig(isolation="none")) as sb:
-            result = sb.run("cat pkg/mod.py; sleep 5", timeout_s=1)
-    assert result.output == "VALUE = 1\n" and result.timed_out
-
-
-def _timed_runs(repo: Path, commands: list[tuple[str, float]], limit: int) -> list[tuple[float, float, object]]:
-    """Run each (command, timeout) in its own sandbox and thread; (start, end, result) of each run
-    on the host clock, the start taken as end minus the command's own duration."""
+def _stamped_runs(repo: Path, commands: list[tuple[float, float]], limit: int) -> list[tuple[int, int, object]]:
+    """Run ``sleep seconds`` under each (seconds, timeout) in its own sandbox and thread, all at once,
+    with at most ``limit`` commands running; (start, end, result) of each, the times in nanoseconds
+    as the command itself read them inside its jail (the jail shares the host's real-time clock)."""
     import threading
 
     config = SandboxConfig(max_concurrent=limit)
     sandboxes = [Sandbox(repo, config) for _ in commands]
-    spans: list = [None] * len(commands)
+    results: list = [None] * len(commands)
 
     def one(i: int) -> None:
-        result = sandboxes[i].run(commands[i][0], timeout_s=commands[i][1])
-        end = time.monotonic()
-        spans[i] = (end - result.duration_s, end, result)
+        seconds, timeout_s = commands[i]
+        results[i] = sandboxes[i].run(f"date +%s%N; sleep {seconds}; date +%s%N", timeout_s=timeout_s)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(commands))]
     for thread in threads:
@@ -263,31 +233,28 @@ def _timed_runs(repo: Path, commands: list[tuple[str, float]], limit: int) -> li
         thread.join()
     for sb in sandboxes:
         sb.close()
+    spans = []
+    for result in results:
+        start, end = (int(line) for line in result.output.split())
+        spans.append((start, end, result))
     return spans
 
 
 def test_commands_over_all_sandboxes_wait_for_one_of_max_concurrent_slots(repo: Path):
-    spans = _timed_runs(repo, [("sleep 0.4", 10.0)] * 5, limit=2)
-    assert all(result.exit_code == 0 for _, _, result in spans)
+    spans = _stamped_runs(repo, [(1.0, 30.0)] * 5, limit=2)
+    assert all(result.exit_code == 0 and not result.timed_out for _, _, result in spans)
     events = sorted([(start, 1) for start, _, _ in spans] + [(end, -1) for _, end, _ in spans])
     running, peak = 0, 0
     for _, change in events:  # an end sorts before a start at the same instant
         running += change
         peak = max(peak, running)
-    assert peak == 2  # five sandboxes, never more than two commands at once
+    assert peak == 2  # five sandboxes, never more than two commands at once, and two did run together
 
 
 def test_waiting_for_a_slot_does_not_count_toward_the_timeout(repo: Path):
-    # One slot: whichever command goes second waits ~1 s, then runs ~1 s, past its 1.5 s limit
-    # if the wait counted.
-    spans = _timed_runs(repo, [("sleep 1.0", 1.5), ("sleep 1.0", 1.5)], limit=1)
+    # One slot: whichever command goes second waits ~1 s for it, then runs ~1 s, past its 1.5 s
+    # limit if the wait counted.
+    spans = _stamped_runs(repo, [(1.0, 1.5), (1.0, 1.5)], limit=1)
     assert all(result.exit_code == 0 and not result.timed_out for _, _, result in spans)
-    (start_a, end_a, _), (start_b, end_b, _) = spans
-    assert min(end_a, end_b) <= max(start_a, start_b) + 0.05  # one after the other
-
-
-def test_max_concurrent_must_not_be_negative():
-    from opencomposer.config import ConfigError
-
-    with pytest.raises(ConfigError, match="max_concurrent"):
-        SandboxConfig(max_concurrent=-1).validate()
+    (first_start, first_end, _), (second_start, second_end, _) = sorted(spans, key=lambda span: span[0])
+    assert first_end <= second_start  # the second began only after the first had finished

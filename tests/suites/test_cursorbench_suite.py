@@ -191,12 +191,14 @@ def check_task_states(task_dir: Path, workspaces: Workspaces) -> None:
         assert set(after.outcomes) == set(f2p) | set(p2p), "every test of the gold state is listed"
 
 
+@pytest.mark.bwrap
 @pytest.mark.parametrize("task_id", SAMPLE)
 def test_task_states_sample(task_id: str, workspaces: Workspaces):
     check_task_states(CURSORBENCH / task_id, workspaces)
 
 
 @pytest.mark.slow
+@pytest.mark.bwrap
 @pytest.mark.parametrize("task_dir", TASK_DIRS, ids=TASK_IDS)
 def test_task_states(task_dir: Path, workspaces: Workspaces):
     check_task_states(task_dir, workspaces)

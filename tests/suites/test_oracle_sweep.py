@@ -22,7 +22,7 @@ from opencomposer.types import EpisodeStatus
 
 from .conftest import CURSORBENCH
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
 
 SAMPLE = ["confkit-toml-files", "ledger-filter-bugs", "inventory-shipping", "textkit-wide-chars-question"]
 NO_EDIT = ["inventory-stacked-coupons-question", "ledger-concurrency-review", "textkit-wide-chars-question"]

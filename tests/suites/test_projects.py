@@ -46,6 +46,7 @@ def test_project_layout(name):
     assert len(list((project / "tests").glob("test_*.py"))) >= 4
 
 
+@pytest.mark.bwrap
 @pytest.mark.parametrize("name", PROJECT_NAMES)
 def test_project_suite_is_green(name, workspaces: Workspaces):
     run = workspaces.run_pytest(workspaces.copy(PROJECTS / name))
