@@ -1,12 +1,18 @@
 """LocalEngine against transformers `generate` on grouped sampling, side by side in one run.
 
 Workload (issue 2): 4 prompts x 8 samples x 128 new tokens, temperature 1, no truncation, EOS
-ignored so both sides produce exactly the same number of tokens. Models: the tiny MoE and
+ignored so all sides produce exactly the same number of tokens. Models: the tiny MoE and
 SmolLM2-135M-Instruct. Two prompt sets: ``chat`` (a bare user request, 30-45 tokens) and ``agent``
 (the same requests inside the agent harness's first prompt: system prompt and tool list, as every
-RL rollout starts). Reports tokens/s for both and the ratio (ours / theirs); median of repeats.
+RL rollout starts). Three sides: LocalEngine as it runs (batch-invariant decoding,
+``inference.invariant``), LocalEngine's previous fast path (``batch_invariant=False``: shared
+left-padded prefill, ``LeanDecoder`` steps) and transformers ``generate``. Reports tokens/s for
+each, the price of batch invariance (invariant / fast) and the ratio to ``generate``; median of
+repeats, the sides interleaved within each repeat. ``--clock cpu`` times by the process's CPU time
+instead of the wall clock, for one-thread runs on a machine other work shares.
 
     python benchmarks/sampler.py [--repeats 3] [--models tiny_moe,smollm2] [--prompts chat,agent] [--threads N]
+                                 [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -65,23 +71,28 @@ def prompt_ids(tokenizer, style: str) -> list[list[int]]:
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
-def bench(kind: str, style: str, repeats: int) -> dict:
+def bench(kind: str, style: str, repeats: int, clock=time.perf_counter) -> dict:
     model, tokenizer = load_model(kind)
     prompts = prompt_ids(tokenizer, style)
     engine = LocalEngine(model, tokenizer)
-    rows = {"ours": [], "transformers": []}
+    fast = LocalEngine(model, tokenizer, batch_invariant=False)
+    sides = {
+        "ours": lambda seed: ours(engine, prompts, seed),
+        "fast": lambda seed: ours(fast, prompts, seed),
+        "transformers": lambda seed: theirs(model, tokenizer, prompts, seed, engine.pad_id),
+    }
+    rows = {name: [] for name in sides}
     with torch.inference_mode():
-        ours(engine, prompts, 0)  # warm-up both paths
-        theirs(model, tokenizer, prompts, 0, engine.pad_id)
+        for run in sides.values():  # warm-up
+            run(0)
         for r in range(repeats):
-            t = time.perf_counter()
-            n = ours(engine, prompts, r)
-            rows["ours"].append(n / (time.perf_counter() - t))
-            t = time.perf_counter()
-            n = theirs(model, tokenizer, prompts, r, engine.pad_id)
-            rows["transformers"].append(n / (time.perf_counter() - t))
+            for name, run in sides.items():
+                t = clock()
+                n = run(r)
+                rows[name].append(n / (clock() - t))
     result = {name: statistics.median(v) for name, v in rows.items()}
     result["ratio"] = result["ours"] / result["transformers"]
+    result["invariant_ratio"] = result["ours"] / result["fast"]
     result["model"] = kind
     result["prompts"] = style
     result["prompt_tokens"] = [len(p) for p in prompts]
@@ -95,18 +106,23 @@ def main() -> None:
     parser.add_argument("--models", default="tiny_moe,smollm2")
     parser.add_argument("--prompts", default="chat,agent")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0: torch default)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall clock, or the process's CPU time (one thread, shared machine)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = [bench(kind, style, args.repeats) for kind in args.models.split(",")
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    results = [bench(kind, style, args.repeats, clock) for kind in args.models.split(",")
                for style in args.prompts.split(",")]
-    print(f"{'model':<10} {'prompts':<8} {'prompt tokens':>14} {'LocalEngine tok/s':>18} {'generate tok/s':>15} {'ratio':>7}")
+    print(f"{'model':<10} {'prompts':<8} {'prompt tokens':>14} {'LocalEngine tok/s':>18} {'fast path tok/s':>16} "
+          f"{'inv/fast':>9} {'generate tok/s':>15} {'ratio':>7}")
     for r in results:
         span = f"{min(r['prompt_tokens'])}-{max(r['prompt_tokens'])}"
-        print(f"{r['model']:<10} {r['prompts']:<8} {span:>14} {r['ours']:>18.1f} {r['transformers']:>15.1f} "
-              f"{r['ratio']:>6.2f}x")
-    Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=2))
+        print(f"{r['model']:<10} {r['prompts']:<8} {span:>14} {r['ours']:>18.1f} {r['fast']:>16.1f} "
+              f"{r['invariant_ratio']:>8.2f}x {r['transformers']:>15.1f} {r['ratio']:>6.2f}x")
+    Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "clock": args.clock, "results": results},
+                                         indent=2))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 1. Start-up: create a sandbox from a small repo, run ``python -c pass``, close it; median of N
    runs, beside ``python -c pass`` run directly (and the same split for ``true``, which isolates
    the jail from the interpreter).
-2. Throughput: oracle episodes per second on the first T HumanEval tasks (agent loop, sandbox,
+2. Limits: how long past a 1 s wall-clock limit an endless loop is killed, and how long a fork
+   bomb's command (``sandbox.max_processes = 64``) takes to return; medians of a few runs. The tests
+   check only that these limits hold (``tests/sandbox/test_sandbox.py``), not how fast.
+3. Throughput: oracle episodes per second on the first T HumanEval tasks (agent loop, sandbox,
    grading with pytest in a fresh sandbox), with 1 and 2 workers, beside the same run with
    ``sandbox.isolation = "none"`` (rlimits and timeouts only).
 
@@ -67,6 +70,21 @@ def startup(runs: int) -> dict[str, float]:
     return out
 
 
+def limits(runs: int) -> dict[str, float]:
+    overshoot, bomb = [], []
+    for _ in range(runs):
+        with Sandbox(REPO) as sandbox:
+            result = sandbox.run("while true; do :; done", timeout_s=1)
+        assert result.timed_out, result
+        overshoot.append(result.duration_s - 1.0)
+        with Sandbox(REPO, SandboxConfig(max_processes=64)) as sandbox:
+            result = sandbox.run("bomb() { bomb | bomb & }; bomb; wait; echo contained", timeout_s=60)
+        assert not result.timed_out and "contained" in result.output, result
+        bomb.append(result.duration_s)
+    return {"timeout_overshoot_ms": 1000 * statistics.median(overshoot),
+            "fork_bomb_returned_s": statistics.median(bomb)}
+
+
 def throughput(count: int) -> dict[str, float]:
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,6 +117,10 @@ def main() -> None:
           f"   ratio {up['python_pass_ratio']:.2f}x")
     print(f"  true             sandbox {up['sandbox_true_ms']:7.1f} ms   direct {up['direct_true_ms']:7.1f} ms"
           f"   ratio {up['true_ratio']:.2f}x")
+    lim = limits(max(1, args.runs // 10))
+    print(f"\nlimits, median of {max(1, args.runs // 10)}:")
+    print(f"  endless loop killed {lim['timeout_overshoot_ms']:.0f} ms after its 1 s limit")
+    print(f"  fork bomb command returned after {lim['fork_bomb_returned_s']:.2f} s (max_processes = 64)")
     tp = throughput(args.tasks)
     print(f"\noracle on {args.tasks} HumanEval tasks (episode + grading), episodes per second:")
     for workers in ("1_worker", "2_workers"):
@@ -107,7 +129,7 @@ def main() -> None:
     print(f"  2 workers vs 1 (bwrap): {tp['bwrap_2_vs_1_workers']:.2f}x")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"cpus": os.cpu_count(), "load_at_start": load, "runs": args.runs,
-                                   "tasks": args.tasks, **up, **tp}, indent=2) + "\n")
+                                   "tasks": args.tasks, **up, **lim, **tp}, indent=2) + "\n")
     print(f"\nwritten to {RESULTS}")
 
 

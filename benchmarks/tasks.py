@@ -48,7 +48,7 @@ def bench(kind: str, count: int, workers: int, seed: int, run_s: float) -> dict:
     factory = TaskFactory(kind, seed=seed, split="train")
     with tempfile.TemporaryDirectory() as out:
         started = time.monotonic()
-        results = generate(factory, count, Path(out), workers=workers, progress=False)
+        results = generate(factory, count, Path(out), workers=workers)
         seconds = time.monotonic() - started
     made = [r for r in results if r.task is not None]
     rejected = sum(len(r.attempts) - 1 for r in made) + sum(len(r.attempts) for r in results if r.task is None)

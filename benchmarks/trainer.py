@@ -7,7 +7,7 @@ term off, and with a loss that sums per-token terms over a constant (ours: the C
 TRL: ``loss_type = "dr_grpo"``). Timed: forward (log-probs and entropy), loss, backward, optimizer
 step. Not timed: generation, rewards, the reference model.
 
-    .venv/bin/pip install "trl==1.16.0"     # only for this script; it leaves torch 2.13.0 alone
+    .venv/bin/pip install -e ".[bench]"     # TRL, pinned; it leaves torch 2.13.0 alone (`make bench` does it)
     .venv/bin/python benchmarks/trainer.py [--threads 1] [--steps 5]
 
 Prints tokens per second (prompt + completion tokens of the batch, per second of step) for ours,
@@ -149,7 +149,7 @@ def main() -> int:
     try:
         import trl as trl_package
     except ImportError:
-        print('TRL is not installed. For this benchmark only: .venv/bin/pip install "trl==1.16.0"', file=sys.stderr)
+        print('TRL is not installed: .venv/bin/pip install -e ".[bench]" (or run `make bench`)', file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

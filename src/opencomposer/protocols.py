@@ -80,6 +80,7 @@ class Workspace(Protocol):
     """A task repository the agent may change, and a jail to run commands over it."""
 
     workspace: Path  # the host folder holding the repository
+    slot_wait_s: float  # seconds its commands have waited to start (slots shared with other workspaces)
 
     def run(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> RunResult:
         """Run ``command`` in the jail; what it does (fail, time out, hit a limit) is in the result."""

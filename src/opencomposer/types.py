@@ -13,7 +13,7 @@ Hierarchy: ``Task`` → (G rollouts) → ``Group`` of ``Episode`` → ``Segment`
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +42,27 @@ MODEL_KINDS = frozenset({TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.FINA
 
 
 class EpisodeStatus(str, enum.Enum):  # noqa: UP042 (str mix-in: members serialise to JSON as their values)
-    """How a rollout ended. Only OK and TIMEOUT episodes are scored; INFRA_ERROR episodes are
-    excluded from group means and from the loss, never counted as a zero reward."""
+    """How a rollout ended. OK, TIMEOUT and FORMAT_ERROR episodes are scored; INFRA_ERROR episodes
+    are excluded from group means and from the loss, never counted as a zero reward."""
 
     OK = "ok"
     TIMEOUT = "timeout"  # the agent ran out of a budget: a legitimate, scored outcome
+    FORMAT_ERROR = "format_error"  # the model's text broke the token record (agent.errors.TranscriptError): scored
     INFRA_ERROR = "infra_error"  # the sandbox, the engine or the grader failed: not the policy's fault
+
+
+class EndReason(str, enum.Enum):  # noqa: UP042 (str mix-in: members serialise to JSON as their values)
+    """Why an episode ended, finer than its status: what an evaluation report breaks episodes down
+    by (``Episode.end_reason``), so that a model which never speaks the tool protocol shows as such
+    rather than as a row of budget stops."""
+
+    SUBMITTED = "submitted"  # the agent called finish
+    FORMAT_ERRORS = "format_errors"  # no turn parsed into tool calls before a budget ran out, or the text broke the record
+    TURN_BUDGET = "turn_budget"
+    TOKEN_BUDGET = "token_budget"  # max_tokens, or the context window
+    WALL_BUDGET = "wall_budget"
+    COST_BUDGET = "cost_budget"
+    INFRA_ERROR = "infra_error"
 
 
 @dataclass
@@ -84,13 +99,14 @@ class Task:
     workdir: str = "/workspace"  # where the sandbox mounts the workspace (Harbor tasks use /app)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Grade:
     """What grading one finished episode gave (``envs.grading.grade``; docs/task-format.md).
 
     The field names are the names of ``reward.json``, which ``to_json`` writes as numbers
     (booleans as 1.0/0.0, counts as floats) exactly as the grader always has, so readers of
-    ``reward.json`` and of the rows of ``results.jsonl`` need not change.
+    ``reward.json`` and of the rows of ``results.jsonl`` need not change. A field with a default
+    is one added later: ``from_json`` gives older files its default.
     """
 
     resolved: bool
@@ -107,6 +123,13 @@ class Grade:
     """Exit code of the test command (128 + N when killed by signal N)."""
     test_timed_out: bool
     """The test command ran past ``grading.timeout_s`` and was stopped."""
+    tampered: bool = False
+    """The change interfered with the test run (``envs.integrity``, ``envs.testrun``); such a grade
+    is unresolved with both test fractions 0."""
+    diff_round_trip_failed: bool = False
+    """A harness bug, not the agent's doing: the diff of the agent's workspace did not rebuild it
+    (``sandbox.patch.DiffRoundTripError``), so the workspace itself was graded and the diff's sizes
+    below may be wrong. ``envs.rollout.run_episode`` logs it as an error."""
     rubric_ok: bool
     """The rubric holds (or the task has none)."""
     files_changed: int
@@ -131,11 +154,11 @@ class Grade:
     def from_json(cls, data: dict[str, Any]) -> Grade:
         """Read a grade back from a ``reward.json`` object or a ``results.jsonl`` row (other keys
         of the row are ignored); raises ``KeyError`` naming the fields it lacks."""
-        missing = [f.name for f in fields(cls) if f.name not in data]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
         if missing:
             raise KeyError(f"not a grade: lacks {missing} (has {sorted(data)})")
         kinds = {"bool": bool, "int": int, "float": float}
-        return cls(**{f.name: kinds[f.type](data[f.name]) for f in fields(cls)})
+        return cls(**{f.name: kinds[f.type](data[f.name]) for f in fields(cls) if f.name in data})
 
 
 @dataclass
@@ -222,6 +245,7 @@ class Episode:
     final_message: str | None = None
     diff: str | None = None  # the agent's change to the repo
     sample_index: int = 0  # position inside its group
+    limit: EndReason | None = None  # the budget that ended a TIMEOUT episode (set by the agent loop)
 
     @property
     def turns(self) -> list[Turn]:
@@ -246,6 +270,20 @@ class Episode:
     @property
     def scored(self) -> bool:
         return self.status != EpisodeStatus.INFRA_ERROR
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        """Why the episode ended. A budget stop in which not one turn parsed counts as
+        ``FORMAT_ERRORS``: the model never spoke the tool protocol, whichever budget it used up
+        repeating so. None for a budget stop whose budget nobody recorded."""
+        if self.status == EpisodeStatus.INFRA_ERROR:
+            return EndReason.INFRA_ERROR
+        if self.status == EpisodeStatus.OK:
+            return EndReason.SUBMITTED
+        turns = self.turns
+        if self.status == EpisodeStatus.FORMAT_ERROR or (turns and all(t.format_error for t in turns)):
+            return EndReason.FORMAT_ERRORS
+        return self.limit
 
 
 @dataclass
@@ -288,8 +326,8 @@ class TrainBatch:
 class SamplingParams:
     """How to sample. ``temperature = 0`` is greedy decoding.
 
-    Logprobs are always those of the temperature-scaled distribution *before* top-p/top-k
-    truncation, so that at temperature 1 they equal the raw log-softmax the trainer recomputes.
+    Logprobs are those of the distribution sampled from: temperature-scaled, cut by top-k / top-p
+    and renormalised (``inference.sampling``), which is how the trainer scores the same tokens.
     """
 
     max_new_tokens: int = 256
@@ -329,6 +367,7 @@ class Completion:
     prompt_index: int = 0
     sample_index: int = 0
     policy_version: int = 0
+    queue_wait_s: float = 0.0  # time the request spent queued behind other work (a batching front-end), not sampling
 
 
 @dataclass
@@ -361,6 +400,7 @@ class PolicyOutput:
     completion_tokens: int = 0
     cost: float = 0.0
     policy_version: int = 0
+    wait_s: float = 0.0  # part of the call spent waiting for other episodes' work, not charged to the wall-time budget
 
 
 @dataclass

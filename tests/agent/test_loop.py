@@ -87,6 +87,8 @@ def test_budgets_end_the_episode_as_a_scored_timeout(tokenizer, budgets, script,
     episode = episode_of(ScriptedPolicy(script, tokenizer=tokenizer), task)
     assert episode.status == EpisodeStatus.TIMEOUT and episode.scored
     assert reason in episode.error
+    # the budget is recorded for the reports' "ended by" (turn_budget, wall_budget, token_budget)
+    assert episode.end_reason == episode.limit and reason.startswith(episode.limit.value.split("_")[0])
     if "max_tokens" in budgets:
         assert sum(len(s.token_ids()) for s in episode.segments) >= 2600 > len(episode.segments[0].prompt_ids)
 

@@ -120,6 +120,15 @@ def _grade_fields(resolved: bool, lines_changed: int) -> dict[str, float]:
                  comment_lines_added=0, lint_added=0, grading_s=0.5).to_json()
 
 
+def test_summary_reports_the_share_of_tampered_episodes_and_reads_rows_from_before_the_field():
+    tampered = {**_grade_fields(False, 3), "tampered": 1.0}
+    older = {k: v for k, v in _grade_fields(True, 2).items() if k != "tampered"}  # a results.jsonl of before
+    rows = [{"task_id": "a", "status": "ok", **tampered}, {"task_id": "b", "status": "ok", **older},
+            {"task_id": "c", "status": "ok", **_grade_fields(False, 1)}, {"task_id": "c", "status": "infra_error"}]
+    summary = summarize(rows)
+    assert (summary["tampered_rate"], summary["resolved"]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
+
+
 def test_summary_averages_passes_per_task_and_excludes_infra_errors():
     rows = [
         {"task_id": "a", "status": "ok", **_grade_fields(True, 4), "cost": 0.5, "wall_s": 1.0,

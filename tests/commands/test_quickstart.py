@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,27 @@ def test_quickstart_runs_every_stage_and_leaves_its_outputs(tmp_path, capsys):
         argv += ["--set", override]
     assert main(argv) == 0  # 0: the pretraining loss fell and every stage finished
     run = tmp_path / "quickstart"
-    for path in ("checkpoint/config.json", "loss.png", "sft/config.json", "sft/recipe.toml",
-                 "rl/initial/config.json", "rl/summary.json", "rl/report.png"):
+    for path in ("checkpoint/config.json", "loss.png", "sft/config.json", "sft/recipe.toml", "sft-loss.png",
+                 "rl/initial/config.json", "rl/summary.json", "rl/report.png", "report.html"):
         assert (run / path).is_file(), path
     rows = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0), ("train", 1), ("eval", 1)]
     assert all(r["episodes_infra_error"] == 0 for r in rows if r["kind"] == "eval")
     assert rows[1]["engine_rows"] == 2 and rows[1]["groups"] == 1  # one task, two rollouts, batched
-    out = capsys.readouterr().out
-    assert "held-out pass@1" in out and "report:" in out
+    out, err = capsys.readouterr()
+    assert "held-out pass@1" in out and f"report:  {run / 'report.html'}" in out
+    # not a terminal: the trainers print plain progress lines, not bars
+    assert "pretraining 8/8" in out and "sft 2/2" in out and "rl 1/1" in out
+
+    page = (run / "report.html").read_text()
+    for section in ("pretrain", "samples", "sft", "rl", "heldout", "recipe"):
+        assert f'<section id="{section}">' in page, section
+    # self-contained: every image inline, every link an anchor of the page itself
+    sources = re.findall(r'src="([^"]*)"', page)
+    assert len(sources) == 3 and all(s.startswith("data:image/png;base64,") for s in sources)  # pretrain, SFT, RL
+    assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', page))
+    assert "<link" not in page and "<script" not in page and "url(" not in page
+    assert "held-out pass@1" in page
+    # transformers' per-checkpoint bars and torchao's import complaints are silenced (model.loading)
+    assert "Loading weights" not in out + err and "Writing model shards" not in out + err
+    assert "Failed to load" not in out + err

@@ -37,7 +37,7 @@ def test_without_a_recipe_path_the_quickstart_loads_the_packaged_recipe() -> Non
     assert config == expected
     # the recipe, not the dataclass defaults under the quickstart's name (what a wheel used to run)
     assert config != load_recipe(None, ["run.name=quickstart", "pretrain.max_steps=7"])
-    assert (config.sft.task_family, config.pretrain.max_steps) == ("tiny", 7)  # SFT and RL stages run
+    assert (config.sft.task_family, config.pretrain.max_steps) == ("tiny-composed", 7)  # SFT and RL stages run
 
 
 def test_a_recipe_path_wins_over_the_packaged_default(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from opencomposer.types import Grade
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 REWARD_NAMES = {
     "resolved", "fail_to_pass", "pass_to_pass", "tests_passed", "tests_failed", "tests_errored", "test_exit_code",
-    "test_timed_out", "rubric_ok", "files_changed", "lines_added", "lines_removed", "lines_changed", "todo_added",
-    "comment_lines_added", "lint_added", "grading_s",
+    "test_timed_out", "tampered", "diff_round_trip_failed", "rubric_ok", "files_changed", "lines_added",
+    "lines_removed", "lines_changed", "todo_added", "comment_lines_added", "lint_added", "grading_s",
 }
 GOOD = Grade(resolved=True, fail_to_pass=1.0, pass_to_pass=1.0, tests_passed=3, tests_failed=0, tests_errored=0,
              test_exit_code=0, test_timed_out=False, rubric_ok=True, files_changed=1, lines_added=1, lines_removed=1,
@@ -36,7 +36,8 @@ def test_gold_patch_resolves_and_writes_reward_json(tmp_path: Path):
     assert set(reward.to_json()) == REWARD_NAMES
     expected = {
         "resolved": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0, "tests_passed": 3.0, "tests_failed": 0.0,
-        "tests_errored": 0.0, "test_exit_code": 0.0, "test_timed_out": 0.0, "rubric_ok": 1.0,
+        "tests_errored": 0.0, "test_exit_code": 0.0, "test_timed_out": 0.0, "tampered": 0.0,
+        "diff_round_trip_failed": 0.0, "rubric_ok": 1.0,
         "files_changed": 1.0, "lines_added": 1.0, "lines_removed": 1.0, "lines_changed": 2.0, "todo_added": 0.0,
         "comment_lines_added": 0.0, "lint_added": 0.0,
     }
@@ -106,6 +107,18 @@ def test_rubric_rules(tmp_path: Path):
     edit = file_diff("x.py", "x = 1\n", "x = 2\n")
     reward = grade(task, edit, "Backwards compat.")
     assert (reward.rubric_ok, reward.resolved, reward.test_exit_code) == (0.0, 0.0, 0.0)
+
+
+@pytest.mark.bwrap
+def test_ruff_running_past_its_limit_is_a_grader_error(monkeypatch: pytest.MonkeyPatch):
+    """lint_added needs ruff's answer; a ruff that hangs is the harness's failure, named as such."""
+    from opencomposer.envs import grading
+
+    monkeypatch.setattr(grading, "RUFF_TIMEOUT_S", 0.001)
+    task = load_task(FIXTURES / "fix-add")
+    with pytest.raises(GradingInfraError, match=r"ruff timed out: it ran past 0\.001 s on 1 file\(s\) \(calc\.py\)"):
+        grade(task, task.gold_patch)
+    assert grade(task, task.gold_patch, config=GradingConfig(lint=False)).resolved  # without lint, no ruff
 
 
 @pytest.mark.bwrap

@@ -1,5 +1,6 @@
 """The one test runner (``envs.testrun``): outcomes by node id from a real pytest run in a real
-sandbox, the whole-command limit, the JUnit reading, and grading and generators agreeing with it."""
+sandbox, ids exactly as pytest prints them, the whole-command limit, the rules of the record
+stream, and grading and generators agreeing with it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from opencomposer.config import GradingConfig, TasksConfig
 from opencomposer.envs.grading import grade
-from opencomposer.envs.testrun import junit_node_id, parse_junit, run_tests
+from opencomposer.envs.testrun import read_records, run_tests
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import write_task
 from opencomposer.tasks.generators.common import Lab
@@ -82,18 +83,78 @@ def test_outcome_of_every_test_by_node_id(tmp_path: Path):
 
 
 @pytest.mark.bwrap
-def test_a_command_past_its_limit_is_timed_out_with_no_outcomes(tmp_path: Path):
+def test_a_command_past_its_limit_keeps_the_outcomes_that_arrived(tmp_path: Path):
     with Sandbox(write(tmp_path / "repo", TREE)) as sandbox:
-        run = run_tests(sandbox, "python -m pytest -q", timeout_s=3, per_test_timeout_s=60)
-    assert run.timed_out and run.exit_code != 0
-    assert (run.outcomes, run.collected) == ({}, None)  # pytest was killed before writing its report
+        run = run_tests(sandbox, "python -m pytest -q", timeout_s=4, per_test_timeout_s=60)
+    assert run.timed_out and run.exit_code != 0 and run.collected == 7
+    finished = {node: EXPECTED[node] for node in list(EXPECTED)[:4]}  # streamed before test_hang
+    assert run.outcomes == finished and run.tampering == []  # the harness stopped it: no tampering
 
 
 @pytest.mark.bwrap
-def test_a_command_that_never_starts_pytest_has_no_report(tmp_path: Path):
+def test_a_command_that_never_starts_pytest_has_no_outcomes(tmp_path: Path):
     with Sandbox(write(tmp_path / "repo", TREE)) as sandbox:
-        run = run_tests(sandbox, "python -c 'raise SystemExit(4)'", timeout_s=30, per_test_timeout_s=5)
-    assert (run.exit_code, run.timed_out, run.outcomes, run.collected) == (4, False, {}, None)
+        failing = run_tests(sandbox, "python -c 'raise SystemExit(4)'", timeout_s=30, per_test_timeout_s=5)
+        passing = run_tests(sandbox, "python -c 'pass'", timeout_s=30, per_test_timeout_s=5)
+    assert (failing.exit_code, failing.timed_out, failing.outcomes, failing.collected) == (4, False, {}, None)
+    assert failing.tampering == []
+    assert passing.tampering == ["the command exited 0 but no pytest session reported"]
+
+
+INHERITED = {
+    "tests/helpers/base_cases.py": b"""\
+class BaseCases:
+    value = 0
+
+    def test_inherited(self):
+        assert self.value == 1
+
+    def test_also_inherited(self):
+        assert self.value >= 0
+""",
+    "tests/test_child.py": """\
+import pytest
+from base_cases import BaseCases
+
+
+class TestOne(BaseCases):
+    value = 1
+
+
+class TestTwo(BaseCases):
+    value = 2
+
+
+@pytest.mark.parametrize("text", ["a.b", "x::y", "sp ace", "[br]", "a/b", "\u00fcn\u00ef", "q'\\"", "", "tab\\t"])
+def test_special(text):
+    assert "x" in text
+
+
+class TestNested:
+    class TestInner:
+        @pytest.mark.parametrize("n", [1.5, None, -3], ids=lambda v: f"v={v}")
+        def test_deep(self, n):
+            assert n
+""".encode(),
+    "tests/conftest.py": b"import sys\nfrom pathlib import Path\n\nsys.path.insert(0, str(Path(__file__).parent / 'helpers'))\n",
+}
+
+
+@pytest.mark.bwrap
+def test_ids_of_inherited_and_parametrised_tests_are_pytests_own(tmp_path: Path):
+    """Ids that a JUnit report cannot give back: a test inherited from a base class in another file
+    (JUnit names that file) and parameters with dots, ``::``, slashes, quotes, escapes and non-ASCII
+    characters. The runner's ids are the ones ``pytest --collect-only`` prints, exactly."""
+    with Sandbox(write(tmp_path / "repo", INHERITED)) as sandbox:
+        listing = sandbox.run("python -m pytest -q --collect-only -p no:cacheprovider tests")
+        run = run_tests(sandbox, "python -m pytest -q tests", timeout_s=60, per_test_timeout_s=10)
+    printed = {line for line in listing.output.splitlines() if "::" in line and not line.startswith(" ")}
+    assert set(run.outcomes) == printed and len(printed) == 16 and run.tampering == []
+    assert run.outcomes["tests/test_child.py::TestOne::test_inherited"] == "passed"
+    assert run.outcomes["tests/test_child.py::TestTwo::test_inherited"] == "failed"
+    assert run.outcomes["tests/test_child.py::test_special[x::y]"] == "passed"
+    assert run.outcomes["tests/test_child.py::test_special[\\xfcn\\xef]"] == "failed"
+    assert run.outcomes["tests/test_child.py::TestNested::TestInner::test_deep[v=None]"] == "failed"
 
 
 @pytest.mark.bwrap
@@ -111,21 +172,55 @@ def test_generators_and_grading_read_the_same_ids(tmp_path: Path):
     assert (verdict.tests_passed, verdict.tests_failed, verdict.tests_errored) == (2, 3, 1)
 
 
-def test_junit_node_ids():
-    assert junit_node_id("tests/test_a.py", "tests.test_a", "test_x[1-2]") == "tests/test_a.py::test_x[1-2]"
-    assert junit_node_id("tests/test_a.py", "tests.test_a.TestK.TestInner", "test_y") == (
-        "tests/test_a.py::TestK::TestInner::test_y")
-    assert junit_node_id(None, "tests.test_a.TestK", "test_z") == "tests/test_a.py::TestK::test_z"
+NONCE = "0123abcd"
 
 
-def test_parse_junit_outcomes():
-    xml = b"""<testsuites><testsuite tests="5">
-      <testcase classname="t.test_a" name="test_ok" file="t/test_a.py"/>
-      <testcase classname="t.test_a" name="test_bad" file="t/test_a.py"><failure message="x"/></testcase>
-      <testcase classname="t.test_a" name="test_err" file="t/test_a.py"><error message="x"/></testcase>
-      <testcase classname="t.test_a" name="test_skip" file="t/test_a.py"><skipped/></testcase>
-      <testcase classname="t.test_a" name="test_ok" file="t/test_a.py"><error message="teardown"/></testcase>
-    </testsuite></testsuites>"""
-    assert parse_junit(xml) == ({"t/test_a.py::test_ok": "error", "t/test_a.py::test_bad": "failed",
-                                 "t/test_a.py::test_err": "error", "t/test_a.py::test_skip": "skipped"}, 5)
-    assert parse_junit(b"<not xml") == ({}, None)
+def stream(*records: dict, nonce: str = NONCE) -> bytes:
+    import json
+
+    return b"".join(json.dumps({"nonce": nonce, **record}).encode() + b"\n" for record in records)
+
+
+START, COLLECTED_2 = {"kind": "start"}, {"kind": "collected", "count": 2}
+A_PASSED = {"kind": "test", "nodeid": "t.py::a", "outcome": "passed"}
+B_FAILED = {"kind": "test", "nodeid": "t.py::b", "outcome": "failed"}
+FINISH_1 = {"kind": "finish", "exitstatus": 1, "tests": 2}
+
+
+def test_a_clean_record_stream():
+    data = stream(START, COLLECTED_2, A_PASSED, B_FAILED, FINISH_1)
+    assert read_records(data, NONCE, 1, False) == ({"t.py::a": "passed", "t.py::b": "failed"}, 2, [])
+    errors = stream(START, {"kind": "collect_error", "nodeid": "t.py"}, {"kind": "collected", "count": 0},
+                    {"kind": "finish", "exitstatus": 2, "tests": 0})
+    assert read_records(errors, NONCE, 2, False) == ({"t.py": "error"}, 1, [])
+    stopped = stream(START, {"kind": "collect_error", "nodeid": "u.py"}, COLLECTED_2,
+                     {"kind": "finish", "exitstatus": 2, "tests": 0})  # no --continue-on-collection-errors
+    assert read_records(stopped, NONCE, 2, False)[2] == []
+
+
+@pytest.mark.parametrize("data, exit_code, timed_out, problem", [
+    (stream(START, COLLECTED_2, A_PASSED, B_FAILED, FINISH_1) + b"garbage\n", 1, False, "an unreadable line"),
+    (stream(START, COLLECTED_2, A_PASSED, B_FAILED, FINISH_1) + stream(A_PASSED, nonce="forged"), 1, False,
+     "without this run's nonce"),
+    (stream(START, COLLECTED_2, A_PASSED, B_FAILED, {**A_PASSED, "outcome": "passed"}, FINISH_1), 1, False,
+     "t.py::a was reported twice"),
+    (stream(START, COLLECTED_2, A_PASSED, B_FAILED, FINISH_1, A_PASSED), 1, False, "outside a running session"),
+    (stream(START, COLLECTED_2, A_PASSED, {"kind": "finish", "exitstatus": 0, "tests": 1}), 0, False,
+     "only 1 of the 2 collected tests"),
+    (stream(START, COLLECTED_2, A_PASSED, B_FAILED, {"kind": "finish", "exitstatus": 1, "tests": 3}), 1, False,
+     "finished with 3 results, but 2 arrived"),
+    (stream(START, COLLECTED_2, A_PASSED), 0, False, "before its session finished"),
+    (stream(START, COLLECTED_2, A_PASSED, B_FAILED, FINISH_1), 0, False, "exited 0, but pytest finished with 1"),
+    (b"", 0, False, "no pytest session reported"),
+    (stream(START, COLLECTED_2, A_PASSED, {"kind": "violation", "what": "builtins.open was replaced"}, B_FAILED,
+            FINISH_1), 1, False, "builtins.open was replaced"),
+])
+def test_broken_rules_of_the_record_stream_are_tampering(data, exit_code, timed_out, problem):
+    outcomes, _, problems = read_records(data, NONCE, exit_code, timed_out)
+    assert any(problem in p for p in problems), problems
+    if "twice" in problem:
+        assert outcomes["t.py::a"] == "failed"  # a test reported twice never stays passed
+
+
+def test_a_run_the_harness_stopped_is_not_tampering():
+    assert read_records(stream(START, COLLECTED_2, A_PASSED), NONCE, 137, True) == ({"t.py::a": "passed"}, 2, [])

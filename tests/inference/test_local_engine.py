@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from opencomposer.inference import LocalEngine, SamplingParams
+from opencomposer.inference.local import row_seed
+from opencomposer.inference.sampling import kept_tokens, truncated_logprobs
 from opencomposer.model.routing import RouteRecorder
 
 CODE_PROMPTS = [
@@ -63,7 +65,8 @@ def test_logprobs_and_routes_match_a_fresh_forward(model_and_prompts):
         prompt = prompts[completion.prompt_index]
         logp, routes = _full_forward(model, prompt + completion.token_ids)
         targets = torch.tensor(completion.token_ids)
-        expected = logp[len(prompt) - 1 : -1].gather(1, targets[:, None])[:, 0]
+        scaled = logp[len(prompt) - 1 : -1]  # temperature 1; the top-p cut is renormalised over what it keeps
+        expected = truncated_logprobs(scaled, kept_tokens(scaled, params.top_p)).gather(1, targets[:, None])[:, 0]
         worst = max(worst, (expected - torch.tensor(completion.logprobs)).abs().max().item())
         if routes is None:
             assert completion.routed_experts is None
@@ -85,9 +88,14 @@ def test_same_seed_same_samples_other_seed_other_samples(tiny_moe):
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
     # samples of one prompt differ from each other (independent per-sample streams)
     assert len({tuple(x.token_ids) for x in a[:4]}) > 1
-    # a sample does not depend on which other prompts share its batch
-    alone = engine.generate(prompts[1:2], SamplingParams(max_new_tokens=20, seed=1), n=4)
-    assert [x.token_ids for x in alone] != [] and alone[0].prompt_index == 0
+    # a sample does not depend on which other prompts share its batch: prompt 1 alone, given the
+    # seeds its samples had in the batch, samples the same tokens, logprobs and routes
+    seeds = [row_seed(1, 1, j) for j in range(4)]
+    alone = engine.generate(prompts[1:2], SamplingParams(max_new_tokens=20, seed=1), n=4, row_seeds=seeds)
+    assert alone[0].prompt_index == 0
+    for x, y in zip(alone, a[4:8]):
+        assert x.token_ids == y.token_ids and x.logprobs == y.logprobs
+        assert np.array_equal(x.routed_experts, y.routed_experts)
 
 
 def test_samples_follow_the_truncated_distribution(tiny_moe):
@@ -105,9 +113,10 @@ def test_samples_follow_the_truncated_distribution(tiny_moe):
         assert abs(count / 400 - p) < 4 * (p * (1 - p) / 400) ** 0.5 + 0.01
 
 
-def test_n_samples_share_one_prefill(tiny_moe):
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_n_samples_share_one_prefill(tiny_moe, batch_invariant):
     model, tokenizer = tiny_moe
-    engine = LocalEngine(model, tokenizer)
+    engine = LocalEngine(model, tokenizer, batch_invariant=batch_invariant)
     rows_seen = []
     handle = model.model.embed_tokens.register_forward_hook(lambda m, a, out: rows_seen.append(tuple(a[0].shape)))
     try:
@@ -115,9 +124,13 @@ def test_n_samples_share_one_prefill(tiny_moe):
         engine.generate(prompts, SamplingParams(max_new_tokens=3, seed=0), n=8)
     finally:
         handle.remove()
-    prefill = rows_seen[0]
-    assert prefill == (2, max(len(p) for p in prompts))  # 2 prompt rows, not 16
-    assert all(shape[1] == 1 and shape[0] <= 16 for shape in rows_seen[1:])
+    if batch_invariant:  # each prompt alone, once for its 8 samples
+        prefills, steps = rows_seen[:2], rows_seen[2:]
+        assert prefills == [(1, len(p)) for p in prompts]
+    else:  # the prompts left-padded into one batch of 2 rows, not 16
+        prefills, steps = rows_seen[:1], rows_seen[1:]
+        assert prefills == [(2, max(len(p) for p in prompts))]
+    assert steps and all(shape[1] == 1 and shape[0] <= 16 for shape in steps)
 
 
 def test_stop_strings_stop_ids_and_lengths(tiny_moe):
@@ -218,7 +231,7 @@ def test_generic_path_gives_the_same_samples(tiny_moe):
     prompts = [tokenizer.encode(p) for p in CODE_PROMPTS]
     params = SamplingParams(max_new_tokens=16, seed=11)
     lean = LocalEngine(model, tokenizer)
-    generic = LocalEngine(model, tokenizer)
+    generic = LocalEngine(model, tokenizer, batch_invariant=False)
     generic.lean = False
     a, b = lean.generate(prompts, params, n=2), generic.generate(prompts, params, n=2)
     assert [x.token_ids for x in a] == [x.token_ids for x in b]

@@ -13,6 +13,7 @@ import torch
 from opencomposer.config import Config
 from opencomposer.rl.checkpoint import (
     RunState,
+    TaskRecord,
     latest_checkpoint,
     list_checkpoints,
     load_training_checkpoint,
@@ -65,7 +66,8 @@ def test_resumed_trainer_continues_bit_for_bit(small, tmp_path):
 
     first = Trainer(copy.deepcopy(model), tokenizer, config())
     train(first, 0)
-    state = RunState(step=1, cursor=4, trained=[{"index": i, "task_id": f"t{i}", "step": 1} for i in range(4)])
+    state = RunState(step=1, cursor=4, trained=[TaskRecord(i, f"t{i}", 1) for i in range(3)]
+                     + [TaskRecord(3, "t3", 1, "dropped", "group dropped: 1 of 2 episodes scored")])
     path = save_training_checkpoint(tmp_path, state, first.model, tokenizer, first.state_dict(), keep=2)
     torch.manual_seed(123)
     expected_draw = torch.rand(3)
@@ -123,3 +125,16 @@ def test_only_the_newest_checkpoints_are_kept(small, tmp_path):
     assert sorted((tmp_path / "checkpoints" / "step-000004").iterdir()) == [
         tmp_path / "checkpoints" / "step-000004" / name for name in ("model", "state.json", "trainer.pt")
     ]
+
+
+def test_task_records_say_trained_or_dropped_with_a_reason():
+    old = RunState.from_json('{"step": 1, "cursor": 1, "trained": [{"index": 0, "task_id": "a", "step": 1}]}')
+    assert old.trained == [TaskRecord(0, "a", 1, "trained", "")]  # checkpoints written before statuses
+    dropped = TaskRecord(1, "b", 2, "dropped", "step skipped: no gradient")
+    assert RunState.from_json(RunState(2, 2, [*old.trained, dropped]).to_json()).trained == [*old.trained, dropped]
+    with pytest.raises(ValueError, match="reason"):
+        TaskRecord(1, "b", 2, "dropped")
+    with pytest.raises(ValueError, match="reason"):
+        TaskRecord(1, "b", 2, "trained", "why")
+    with pytest.raises(ValueError, match="status"):
+        TaskRecord(1, "b", 2, "skipped", "x")

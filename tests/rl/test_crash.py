@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opencomposer.sandbox.workspace import bwrap_available
-
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")]
+pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
 
 STEPS, TASKS_PER_STEP, GROUP = 5, 2, 2
 RECIPE = f"""
@@ -134,5 +132,5 @@ def test_sigkill_at_random_points_then_resume_trains_each_task_exactly_once(tmp_
     final = f"checkpoints/step-{STEPS:06d}/model/model.safetensors"
     resumed, uninterrupted = load_file(run_dir / final), load_file(straight / final)
     assert resumed.keys() == uninterrupted.keys()
-    for name in resumed:  # batching may reorder float sums, so equal up to rounding, not bit for bit
-        torch.testing.assert_close(resumed[name], uninterrupted[name], rtol=1e-4, atol=1e-6, msg=name)
+    # bit for bit: the sampler's rows do not depend on how the episodes happened to be batched
+    assert [name for name in resumed if not torch.equal(resumed[name], uninterrupted[name])] == []

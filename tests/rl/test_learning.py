@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import load_recipe
-from opencomposer.sandbox.workspace import bwrap_available
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "rl-tiny.toml"
 MARGIN = 0.15  # held-out pass@1 after RL minus before; measured gains are listed in docs/rl.md
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(not bwrap_available(), reason="the harness needs bubblewrap")]
+pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
 
 
 def decoy_share(rollouts: Path) -> float:

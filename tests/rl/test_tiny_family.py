@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from opencomposer.sandbox.workspace import bwrap_available
 from opencomposer.tasks.generators.tiny import (
     PHRASINGS,
     TinySpec,
     family,
+    split_size,
     tiny_spec,
     verify_task,
     write_tiny_task,
@@ -24,22 +24,23 @@ from opencomposer.tasks.generators.tiny import (
 def test_splits_are_disjoint_and_cover_every_phrasing():
     tiny = family("tiny")
     train, heldout = tiny.combinations("train"), tiny.combinations("heldout")
-    assert {p for _, _, p in heldout} == {4, 9, 11}
+    assert {p for _, _, p in heldout} == {4, 9, 11, 15, 19, 22, 23, 27}
     assert not set(train) & set(heldout)
     assert sorted(p for _, _, p in train + heldout) == list(range(len(PHRASINGS)))
-    streamed = {tiny_spec(0, "train", i).phrasing for i in range(60)}
-    assert streamed == {p for _, _, p in train}  # each round of the stream is a permutation of the split
+    assert (split_size("train"), split_size("heldout")) == (len(train), len(heldout)) == (20, 8)
+    first_round = [tiny_spec(0, "train", i).phrasing for i in range(split_size("train"))]
+    assert sorted(first_round) == sorted(p for _, _, p in train)  # each round is a permutation of the split
 
 
 def test_task_index_is_a_pure_function_of_seed_split_and_index():
     first = [tiny_spec(3, "heldout", i) for i in range(9)]
     assert first == [tiny_spec(3, "heldout", i) for i in range(9)]
     assert [s.phrasing for s in first] != [tiny_spec(4, "heldout", i).phrasing for i in range(9)]
-    assert sorted(s.phrasing for s in first[:3]) == [4, 9, 11]  # one round = every held-out phrasing once
+    assert sorted(s.phrasing for s in first[:8]) == [4, 9, 11, 15, 19, 22, 23, 27]  # one round: each once
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+@pytest.mark.bwrap
 @pytest.mark.parametrize("phrasing", range(len(PHRASINGS)))
 def test_every_phrasing_is_graded_correctly(tmp_path, phrasing):
     tiny = family("tiny")
@@ -53,8 +54,8 @@ def test_every_phrasing_is_graded_correctly(tmp_path, phrasing):
 def test_composed_family_holds_out_new_combinations_of_familiar_parts():
     composed = family("tiny-composed")
     train, heldout = composed.combinations("train"), composed.combinations("heldout")
-    assert len(train) + len(heldout) == len(composed.templates) == 72 and not set(train) & set(heldout)
-    assert 10 <= len(heldout) <= 25
+    assert len(train) + len(heldout) == len(composed.templates) == 160 and not set(train) & set(heldout)
+    assert (len(train), len(heldout)) == (112, 48)  # room for the learning test: 24 steps x 4, then 32 held out
     verbs = {composed.templates[p].split()[0] for _, _, p in train}
     assert {composed.templates[p].split()[0] for _, _, p in heldout} <= verbs  # every held-out verb is trained
     spec = tiny_spec(0, "heldout", 0, "tiny-composed")
@@ -62,7 +63,7 @@ def test_composed_family_holds_out_new_combinations_of_familiar_parts():
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not bwrap_available(), reason="bubblewrap cannot run here")
+@pytest.mark.bwrap
 def test_composed_phrasings_are_graded_correctly(tmp_path):
     for split in ("train", "heldout"):
         spec = tiny_spec(0, split, 0, "tiny-composed")

@@ -184,3 +184,78 @@ def test_learning_rate_warms_up_linearly_then_stays_constant(tiny_moe):
     expected = [5e-4, 1e-3] + [1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * k / 8))) for k in range(1, 9)]
     assert [trainer.learning_rate(u) for u in range(10)] == pytest.approx(expected, rel=1e-12)
     assert trainer.learning_rate(9) == pytest.approx(1e-4) and trainer.learning_rate(50) == pytest.approx(1e-4)
+
+
+def test_a_rollout_of_the_unchanged_policy_pays_no_kl_and_trains_at_ratio_one(small):
+    """With a top-p cut the sampler records, and the trainer scores, the cut distribution for the
+    policy and the reference alike: k1 of a rollout from the policy the reference equals is 0, and
+    the first update's ratios are 1. Scoring the reference on the full softmax would charge
+    −Σ log(kept mass) instead."""
+    from opencomposer.inference.local import LocalEngine
+    from opencomposer.training.forward import reference_logprobs
+    from opencomposer.types import SamplingParams
+
+    model, tokenizer = small
+    config = Config()
+    config.sampling.temperature, config.sampling.top_p = 0.9, 0.8
+    config.rl.kl.coef, config.rl.length_penalty.coef = 1.0, 0.0
+    trainer = Trainer(copy.deepcopy(model), tokenizer, config, reference=copy.deepcopy(model))
+    engine = LocalEngine(copy.deepcopy(model), tokenizer)
+    params = SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.8, seed=3)
+    completions = engine.generate([PROMPT], params, n=4)
+    rng = np.random.default_rng(0)
+    episodes = []
+    for j, completion in enumerate(completions):
+        ep = episode(rng, float(j % 2))
+        ids = completion.token_ids
+        ep.segments = [Segment(prompt_ids=list(PROMPT), turns=[
+            Turn(token_ids=ids, logprobs=completion.logprobs, token_kinds=[TokenKind.THINKING] * len(ids))])]
+        episodes.append(ep)
+    scored = trainer.score([Group(Task(id="t", instruction="x", repo=Path(".")), episodes)])
+    penalties = [ep.reward_terms["kl_penalty"] for ep in episodes]
+    assert max(abs(p) for p in penalties) < 1e-3, penalties
+    batch = collate(episode_rows(episodes[:1]), trainer.pad_id)
+    full = reference_logprobs(model, batch, temperature=0.9)  # no cut: what the reference used to be scored with
+    full_k1 = float((batch.sampler_logprobs - full)[batch.loss_mask].sum())
+    assert full_k1 > 1.0  # log q_cut − log p_full = −log(kept mass) > 0 at every token
+    _, metrics = trainer.train(scored)
+    assert metrics["skipped"] == 0.0
+    assert 1 - 1e-3 < metrics["ratio_min"] <= metrics["ratio_max"] < 1 + 1e-3
+    assert abs(metrics["kl_sampler_k1"]) < 1e-4
+
+
+def test_the_record_tells_trained_tasks_from_dropped_groups_and_skipped_steps(small):
+    from opencomposer.rl.loop import step_records
+
+    model, tokenizer = small
+    config = Config()
+    config.rl.kl.coef, config.rl.length_penalty.coef = 0.0, 0.0
+    trainer = Trainer(copy.deepcopy(model), tokenizer, config)
+    rng = np.random.default_rng(7)
+    learns, failed = Task(id="learns", instruction="x", repo=Path(".")), Task(id="failed", instruction="x", repo=Path("."))
+    groups = [Group(learns, [episode(rng, 1.0), episode(rng, 0.0)]),
+              Group(failed, [episode(rng, 1.0), episode(rng, 1.0, EpisodeStatus.INFRA_ERROR)])]
+    _, metrics = trainer.train(trainer.score(groups))
+    trained, dropped = step_records([4, 5], groups, 3, skipped=bool(metrics["skipped"]))
+    assert (trained.index, trained.task_id, trained.step, trained.status, trained.reason) == (4, "learns", 3, "trained", "")
+    assert (dropped.task_id, dropped.status) == ("failed", "dropped")
+    assert dropped.reason.startswith("group dropped: 1 of 2 episodes scored")
+
+    same = [Group(learns, [episode(rng, 1.0), episode(rng, 1.0)])]  # every reward equal: nothing to learn
+    _, metrics = trainer.train(trainer.score(same))
+    assert metrics["skipped"] == 1.0
+    [skipped] = step_records([6], same, 4, skipped=True)
+    assert skipped.status == "dropped" and skipped.reason.startswith("step skipped")
+
+
+def test_step_metrics_count_tampered_episodes_beside_resolved_ones():
+    """``tampered_rate`` is the share of scored episodes whose grade is ``tampered``; an
+    infrastructure error is in neither rate."""
+    import dataclasses
+
+    rng = np.random.default_rng(3)
+    episodes = [episode(rng, 1.0), episode(rng, 0.0), episode(rng, 0.0), episode(rng, 0.0, EpisodeStatus.INFRA_ERROR)]
+    for ep in episodes[1:3] + episodes[3:]:
+        ep.grade = dataclasses.replace(ep.grade, tampered=True)
+    metrics = Trainer._reward_metrics(episodes)
+    assert (metrics["resolved_rate"], metrics["tampered_rate"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3))

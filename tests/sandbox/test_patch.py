@@ -42,12 +42,22 @@ def test_executable_bit_and_binary_files(tmp_path: Path):
     (new / "run.sh").chmod(0o755)
     (new / "blob.bin").write_bytes(b"\0\1\2")
     diff = diff_trees(old, new)
-    assert "Binary files a/blob.bin and b/blob.bin differ" in diff
+    # git's blob id of b"\0\1\2" (git hash-object), which git apply checks before taking binary data
+    assert "index 0000000000000000000000000000000000000000..8352675d67aed6625ece79af41c27fdb4ee2e867\n" \
+           "GIT binary patch\nliteral 3\n" in diff
     assert "old mode 100644\nnew mode 100755\n" in diff
     target = tmp_path / "c"
     shutil.copytree(old, target)
     apply_patch(target, diff)
-    assert (target / "run.sh").stat().st_mode & 0o111 and not (target / "blob.bin").exists()
+    assert (target / "run.sh").stat().st_mode & 0o111 and (target / "blob.bin").read_bytes() == b"\0\1\2"
+
+
+def test_a_binary_change_without_data_is_refused(tmp_path: Path):
+    root = write(tmp_path, {"x.txt": "keep\n"})
+    with pytest.raises(PatchError, match="blob.bin: the patch says this binary file changed but carries no data"):
+        apply_patch(root, "diff --git a/blob.bin b/blob.bin\nnew file mode 100644\n"
+                          "Binary files /dev/null and b/blob.bin differ\n")
+    assert [p.name for p in root.iterdir()] == ["x.txt"]
 
 
 FILE_TEXT = st.lists(st.sampled_from(["x = 1", "y = 2", "", "def f():", "    return 3", "# note", "z"]),

@@ -21,6 +21,7 @@ from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import HttpPolicyConfig, SamplingConfig
 from opencomposer.services.openai_server import ChatModel, ChatRequest, ChatResult, build_choice
 from opencomposer.types import Context, Message, Task, ToolCall
+from tests.conftest import skip_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny_moe"
@@ -141,7 +142,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def client(server: str):
-    openai = pytest.importorskip("openai")
+    try:
+        import openai
+    except ImportError as e:
+        skip_missing(f"the openai client (the dev extra: pip install -e '.[dev]'): {e}")
     return openai.OpenAI(base_url=server, api_key="unused", max_retries=0, timeout=120)
 
 

@@ -1,7 +1,7 @@
 """The hand-written CursorBench-style suite (``opencomposer/suites/cursorbench``) is sound.
 
-Every task folder follows docs/task-format.md; its broken state (``repo/`` with the hidden
-tests overlaid) fails every FAIL_TO_PASS test and passes every PASS_TO_PASS test; its gold
+Every task folder follows docs/task-format.md; its broken state (the starting repository, its
+project plus ``setup.patch``, with the hidden tests overlaid) fails every FAIL_TO_PASS test and passes every PASS_TO_PASS test; its gold
 state (``solution/gold.patch`` applied) passes both; and the suite as a whole has the shape
 of CursorBench (report §5, RECIPE.md §8): terse prompts, changes of tens of lines over
 several files, and targeted tasks for intent, instruction following and not editing.
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from opencomposer.sandbox.patch import diff_stats
+from opencomposer.tasks.format import load_task
 
 from .conftest import CURSORBENCH, PROJECTS, Workspaces, apply_patch
 
@@ -75,6 +76,7 @@ def test_suite_loads_with_the_task_loader():
 @pytest.mark.parametrize("task_dir", TASK_DIRS, ids=TASK_IDS)
 def test_task_folder(task_dir: Path):
     task = read_task(task_dir)
+    repo = load_task(task_dir).repo  # [repo] base + setup.patch, materialised
     toml, tests, rubric = task["toml"], task["tests"], task["rubric"]
     assert toml["id"] == task_dir.name
     assert toml["test_command"] == "python -m pytest -q"
@@ -92,7 +94,7 @@ def test_task_folder(task_dir: Path):
     assert len(set(f2p)) == len(f2p) and len(set(p2p)) == len(p2p)
     for node in f2p + p2p:
         test_file = node.split("::", 1)[0]
-        assert (task_dir / "repo" / test_file).is_file() or (
+        assert (repo / test_file).is_file() or (
             task_dir / "tests" / "files" / test_file
         ).is_file()
     assert not list(task_dir.rglob("__pycache__")) and not list(task_dir.rglob(".pytest_cache"))
@@ -120,8 +122,9 @@ def test_task_folder(task_dir: Path):
 def test_gold_patch_applies_with_git_and_with_patch(task_dir: Path, workspaces: Workspaces):
     patch = (task_dir / "solution" / "gold.patch").read_text()
     assert re.match(r"diff --git a/\S+ b/\S+\n", patch)
-    apply_patch(workspaces.copy(task_dir / "repo"), patch)
-    workspace = workspaces.copy(task_dir / "repo")
+    repo = load_task(task_dir).repo
+    apply_patch(workspaces.copy(repo), patch)
+    workspace = workspaces.copy(repo)
     proc = subprocess.run(
         ["patch", "-p1", "--batch", "--forward", "--dry-run"],
         cwd=workspace,
@@ -167,10 +170,11 @@ def check_task_states(task_dir: Path, workspaces: Workspaces) -> None:
     task = read_task(task_dir)
     f2p, p2p = task["tests"]["FAIL_TO_PASS"], task["tests"]["PASS_TO_PASS"]
     hidden = task_dir / "tests" / "files"
-    broken = workspaces.copy(task_dir / "repo", hidden)
+    repo = load_task(task_dir).repo
+    broken = workspaces.copy(repo, hidden)
     states = [broken]
     if task["patch"] is not None:
-        patched = workspaces.copy(task_dir / "repo")
+        patched = workspaces.copy(repo)
         apply_patch(patched, task["patch"])
         states.append(workspaces.copy(patched, hidden))
     with ThreadPoolExecutor(max_workers=2) as pool:

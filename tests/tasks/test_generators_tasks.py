@@ -23,8 +23,8 @@ import pytest
 
 from opencomposer.cli import main
 from opencomposer.config import TasksConfig
-from opencomposer.sandbox.patch import apply_patch
-from opencomposer.tasks.format import load_suite, load_task
+from opencomposer.sandbox.patch import apply_patch, copy_tree, diff_trees
+from opencomposer.tasks.format import PROJECTS_DIR, load_suite, load_task
 from opencomposer.tasks.generators.registry import TaskFactory, generate, stream
 from opencomposer.tasks.generators.source import find_traces, project, read_tree, write_tree
 from opencomposer.tasks.validation import validate_suite
@@ -59,7 +59,7 @@ def tree_of(folder: Path) -> dict[str, bytes]:
 def test_each_generator_makes_tasks_that_validate(made):
     train = [made[(kind, "train")] for kind in ("bugs", "deletion", "refactor")]
     assert [t.metadata["source"] for t in train] == ["bug_injection", "feature_deletion", "refactor"]
-    checks = validate_suite(train, workers=2, progress=False)
+    checks = validate_suite(train, workers=2)
     assert [c.problems for c in checks] == [[], [], []]
     for task, check in zip(train, checks):
         assert task.fail_to_pass and task.pass_to_pass and task.gold_patch
@@ -106,6 +106,57 @@ def test_deleted_code_is_nowhere_in_the_workspace(made):
                 assert not names & set(re.findall(r"\w+", data.decode())), f"{task.id}: {path} uses {names}"
 
 
+LEAK = re.compile(r"(^|/)(__pycache__|\.mypy_cache|\.ruff_cache|\.pytest_cache)(/|$)|\.py[co]$|~$|\.orig$|\.rej$"
+                  r"|(^|/)\.[^/]*\.sw[po]$")
+
+
+def leaks(root: Path) -> list[str]:
+    """Caches, bytecode and editor or patch backups under ``root`` (folders included)."""
+    return sorted(rel for p in root.rglob("*") if LEAK.search(rel := p.relative_to(root).as_posix()))
+
+
+@pytest.mark.bwrap
+def test_a_deletion_task_carries_no_cache_or_backup_of_the_deleted_code(made, tmp_path):
+    """Bytecode compiled before the deletion, a type checker's or linter's cache, or an editor's
+    backup would hand the deleted code back. None is in a generated deletion task; planted into a
+    copy of its repository (as a stale source project might hold them), the tree a generator reads,
+    a materialised repository and the agent's sandbox copy all leave them out, and the agent's diff
+    does not count them as deleted."""
+    from opencomposer.sandbox.workspace import Sandbox
+    from opencomposer.tasks.format import materialize_repo
+
+    for split in ("train", "heldout"):
+        task = made[("deletion", split)]
+        assert leaks(task.repo) == [] and leaks(task.path) == [], task.id
+        deleted = re.search(r"^\+((?:def|class) \w+.*)$", task.gold_patch, re.M).group(1).encode()
+        module = next(rel for rel in read_tree(task.repo) if rel.endswith(".py") and not rel.startswith("tests/"))
+        stale = tmp_path / split
+        copy_tree(task.repo, stale)
+        folder, name = (stale / module).parent, (stale / module).name
+        planted = {
+            folder / "__pycache__" / name.replace(".py", ".cpython-311.pyc"): b"\0bytecode " + deleted,
+            stale / ".mypy_cache" / "3.11" / name.replace(".py", ".data.json"): b'{"defs": "' + deleted + b'"}',
+            stale / ".ruff_cache" / "0.1" / "1234": deleted,
+            stale / ".pytest_cache" / "v" / "cache" / "lastfailed": deleted,
+            folder / (name + "~"): deleted,
+            folder / (name + ".orig"): deleted,
+            folder / (name + ".rej"): deleted,
+            folder / f".{name}.swp": deleted,
+        }
+        for path, data in planted.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        traces = find_traces(stale)  # what realize() rejects a candidate for
+        for path in planted:
+            rel = path.relative_to(stale).as_posix()
+            assert any(rel == t or rel.startswith(t + "/") for t in traces), rel
+        assert not any(LEAK.search(rel) for rel in read_tree(stale))
+        assert leaks(materialize_repo(stale, "")) == []
+        with Sandbox(stale) as sandbox:
+            assert leaks(sandbox.workspace) == []
+            assert sandbox.diff() == ""
+
+
 def test_a_task_is_a_pure_function_of_seed_and_index(made, tmp_path):
     again = TaskFactory("bugs", seed=0, split="train").make(0, tmp_path).task
     first = made[("bugs", "train")]
@@ -138,7 +189,9 @@ def test_the_heldout_split_shares_no_file_with_training(made):
 def test_generate_command_reuses_made_tasks_and_reports(made, capsys):
     out = made[("bugs", "train")].path.parent
     assert main(["tasks", "generate", "--kind", "bugs", "--count", "1", "--out", str(out), "--seed", "0"]) == 0
-    assert "1 verified task(s)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "1 verified task(s)" in printed
+    assert "bugs/train 1/1  bugs-train-s0-00000  rejected" in printed  # not a terminal: a plain progress line
     report = json.loads((out / "generation.json").read_text())
     assert report["kind"] == "bugs" and report["tasks"][0]["task_id"] == "bugs-train-s0-00000"
     tasks = stream(TaskFactory("bugs", seed=0), out)  # the unbounded stream starts with the same task
@@ -151,9 +204,14 @@ def test_validate_command_reports_drifted_tasks(made, tmp_path, capsys):
         task = made[(kind, "train")]
         shutil.copytree(task.path, suite / task.id)
     assert main(["tasks", "validate", str(suite), "--workers", "2"]) == 0
-    assert "all 2 task(s) hold" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "all 2 task(s) hold" in printed
+    assert len(re.findall(r"^validate [12]/2  \S+ holds  drifted 0", printed, re.MULTILINE)) == 2  # a line per task
     fixed = load_task(suite / "bugs-train-s0-00000")
-    apply_patch(fixed.repo, fixed.gold_patch)  # someone fixed the bug in the task's repository
+    fixed_repo = tmp_path / "fixed"
+    copy_tree(fixed.repo, fixed_repo)
+    apply_patch(fixed_repo, fixed.gold_patch)  # someone fixed the bug in the task's starting repository
+    (fixed.path / "setup.patch").write_text(diff_trees(PROJECTS_DIR / fixed.metadata["family"], fixed_repo))
     listed = suite / "refactor-train-s0-00000" / "tests" / "tests.json"
     lists = json.loads(listed.read_text())
     lists["PASS_TO_PASS"].append(lists["FAIL_TO_PASS"].pop())  # a test filed under the wrong list
@@ -168,23 +226,23 @@ def test_validate_command_reports_drifted_tasks(made, tmp_path, capsys):
 @pytest.mark.slow
 def test_multi_file_bug_tasks_validate(tmp_path):
     factory = TaskFactory("bugs", seed=3, split="train", config=TasksConfig(multi_bug_fraction=1.0))
-    results = generate(factory, 3, tmp_path, workers=2, progress=False)
+    results = generate(factory, 3, tmp_path, workers=2)
     tasks = [r.task for r in results if r.task is not None]
     assert len(tasks) == 3
     for task in tasks:
         assert len(task.metadata["files"]) in (2, 3) and len(task.metadata["operators"]) == len(task.metadata["files"])
-    assert [c.problems for c in validate_suite(tasks, workers=2, progress=False)] == [[], [], []]
+    assert [c.problems for c in validate_suite(tasks, workers=2)] == [[], [], []]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["train", "heldout"])
 def test_a_mixed_stream_of_each_split_validates(tmp_path, split):
     factory = TaskFactory("mixed", seed=7, split=split)
-    results = generate(factory, 9, tmp_path, workers=2, progress=False)
+    results = generate(factory, 9, tmp_path, workers=2)
     tasks = load_suite(tmp_path)
     assert len(tasks) == 9 and len({t.instruction for t in tasks}) == 9
     assert {t.metadata["family"] for t in tasks} <= set(TasksConfig().__getattribute__(f"{split}_projects"))
-    assert all(not c.problems for c in validate_suite(tasks, workers=2, progress=False))
+    assert all(not c.problems for c in validate_suite(tasks, workers=2))
     assert sum(r.task is None for r in results) == 0
 
 
@@ -208,4 +266,4 @@ def test_any_python_repository_with_tests_is_a_source(tmp_path):
                  str(repo), "--workers", "1"]) == 0
     tasks = load_suite(out)
     assert len(tasks) == 2 and all(t.metadata["family"] == "repo" for t in tasks)
-    assert all(not c.problems for c in validate_suite(tasks, progress=False))
+    assert all(not c.problems for c in validate_suite(tasks))

@@ -125,7 +125,7 @@ def test_a_mined_task_is_the_parent_state_with_the_fix_held_back(history):
                               " def sub(a, b):\n-    return b - a\n+    return a - b\n")
     assert sorted(read_tree(feature.tests_dir)) == ["tests/test_mul.py"]
     assert "tests/test_mul.py" not in read_tree(feature.repo)
-    assert [c.problems for c in validate_suite([fix, feature], progress=False)] == [[], []]
+    assert [c.problems for c in validate_suite([fix, feature])] == [[], []]
 
 
 def test_mine_command_prints_the_table(history, tmp_path, capsys):
@@ -133,5 +133,6 @@ def test_mine_command_prints_the_table(history, tmp_path, capsys):
     assert main(["tasks", "mine", str(root / "calc"), "--out", str(tmp_path), "--limit", "2"]) == 0
     printed = capsys.readouterr().out
     assert "0 task(s) from 2 commit(s)" in printed and "changes no code" in printed
+    assert [line.split()[1] for line in printed.splitlines() if line.startswith("mine ")] == ["1/2", "2/2"]
     with pytest.raises(MiningError, match="not a git repository"):
         mine(tmp_path, tmp_path / "out")

@@ -3,8 +3,17 @@
 Modelled on mini-swe-agent: ``run()`` repeats ``step()`` (check budgets, ask the policy for a
 turn, parse its tool calls, run them, append their results) and control flow goes through a small
 exception hierarchy (``agent.errors``): a ``FormatError`` becomes a message to the model and the
-loop goes on; ``Submitted`` (the ``finish`` tool) and ``LimitsExceeded`` end the episode;
-``SandboxError`` and ``PolicyError`` end it as an infrastructure error, never a scored zero.
+loop goes on; ``Submitted`` (the ``finish`` tool) and ``LimitsExceeded`` end the episode; a
+``TranscriptError`` (the chat template re-renders what the model wrote differently, so the token
+record would no longer be the prompt) ends it as ``FORMAT_ERROR``, a scored failure of the policy
+graded as it stands; ``SandboxError`` and ``PolicyError`` end it as an infrastructure error,
+never a scored zero. A token-level policy that returns ids without logprobs is a ``PolicyError``.
+
+The wall-time budget (``max_wall_s``) counts the policy's own time: its turns and its tool calls,
+less what it reports waiting for others (``PolicyOutput.wait_s``: a batching queue, an engine
+lock) and what the sandbox reports waiting for a command slot (``slot_wait_s``). Load from other
+episodes therefore never turns into a timeout scored against the policy; ``metrics`` keep both
+numbers (``policy_s``, ``waited_s``) beside the plain ``wall_s``.
 
 The history is the prompt: for token-in/token-out policies a ``TokenTranscript`` keeps the exact
 ids (sampled ids, their logprobs, routes and kinds, then the tool-output ids the environment
@@ -21,7 +30,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from opencomposer.agent.errors import FormatError, LimitsExceeded, NonTerminating, Submitted
+from opencomposer.agent.errors import FormatError, LimitsExceeded, NonTerminating, Submitted, TranscriptError
 from opencomposer.agent.policy import PolicyError
 from opencomposer.agent.protocol import (
     TokenTranscript,
@@ -37,6 +46,7 @@ from opencomposer.protocols import Policy, Summarizer
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import (
     Context,
+    EndReason,
     Episode,
     EpisodeStatus,
     Message,
@@ -78,6 +88,8 @@ class AgentLoop:
         self.cost = 0.0
         self.context_tokens = 0  # text policies: prompt + completion tokens of the last call
         self.started = time.monotonic()
+        self.policy_s = 0.0  # what the wall-time budget counts: the policy's own turns and tool calls
+        self.waited_s = 0.0  # what it does not: queues for other episodes' batches, sandbox slots
         self.counters = {"format_errors": 0, "rejected_tool_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
 
     # ------------------------------------------------------------------------------------------
@@ -96,6 +108,14 @@ class AgentLoop:
         except LimitsExceeded as e:
             self.episode.status = EpisodeStatus.TIMEOUT
             self.episode.error = str(e)
+            self.episode.limit = e.budget
+        except TranscriptError as e:
+            self.episode.status = EpisodeStatus.FORMAT_ERROR
+            self.episode.error = str(e)
+            self.counters["format_errors"] += 1
+            if self.episode.turns:  # the turn whose text broke the record counts as a broken turn
+                last = self.episode.turns[-1]
+                last.format_error = last.format_error or str(e)
         except (SandboxError, PolicyError) as e:
             self.episode.status = EpisodeStatus.INFRA_ERROR
             self.episode.error = f"{type(e).__name__}: {e}"
@@ -106,7 +126,10 @@ class AgentLoop:
     def step(self) -> None:
         self.check_limits()
         if self.summarizer is not None and self.summarizer.should_summarize(self):
+            started = time.monotonic()
             self.open_segment(self.summarizer.summarize(self))
+            self.charge(time.monotonic() - started)
+        started = time.monotonic()
         output = self.policy.act(
             Context(
                 task=self.task,
@@ -117,6 +140,7 @@ class AgentLoop:
                 seed=self.seed,
             )
         )
+        self.charge(time.monotonic() - started, waited=output.wait_s)
         turn = self.record_turn(output)
         if output.format_error:
             self.counters["format_errors"] += 1
@@ -131,7 +155,11 @@ class AgentLoop:
                 raise FormatError(parsed.error)
             calls = parsed.calls
         turn.tool_calls = calls
-        results = self.execute(calls, turn)
+        started, slot_wait = time.monotonic(), self.sandbox.slot_wait_s
+        try:
+            results = self.execute(calls, turn)
+        finally:
+            self.charge(time.monotonic() - started, waited=self.sandbox.slot_wait_s - slot_wait)
         self.add_observation(results)
 
     # ------------------------------------------------------------------------------------------
@@ -157,7 +185,9 @@ class AgentLoop:
             if output.token_ids is None:
                 raise PolicyError(f"policy {self.policy.name!r} has a tokenizer but returned no token ids")
             ids = list(output.token_ids)
-            logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
+            if output.logprobs is None:  # zeros would pass for certainty and corrupt the ratio and the KL
+                raise PolicyError(f"policy {self.policy.name!r} returned {len(ids)} token ids without their logprobs")
+            logprobs = list(output.logprobs)
             if len(logprobs) != len(ids):
                 raise PolicyError(f"policy returned {len(ids)} token ids but {len(logprobs)} logprobs")
             content = self.transcript.model_turn(ids, output.finish_reason)
@@ -221,21 +251,36 @@ class AgentLoop:
     def check_limits(self) -> None:
         budgets = self.task.budgets
         if budgets.max_turns is not None and len(self.episode.turns) >= budgets.max_turns:
-            raise LimitsExceeded(f"turn budget used up ({budgets.max_turns} turns)")
-        elapsed = time.monotonic() - self.started
-        if budgets.max_wall_s is not None and elapsed >= budgets.max_wall_s:
-            raise LimitsExceeded(f"wall-time budget used up ({elapsed:.0f} s of {budgets.max_wall_s:g} s)")
+            raise LimitsExceeded(f"turn budget used up ({budgets.max_turns} turns)", budget=EndReason.TURN_BUDGET)
+        if budgets.max_wall_s is not None and self.policy_s >= budgets.max_wall_s:
+            raise LimitsExceeded(
+                f"wall-time budget used up ({self.policy_s:.1f} s of {budgets.max_wall_s:g} s in turns and tool "
+                f"calls; another {self.waited_s:.1f} s spent waiting for batches and sandbox slots is not counted)",
+                budget=EndReason.WALL_BUDGET,
+            )
         if budgets.max_cost is not None and self.cost >= budgets.max_cost:
-            raise LimitsExceeded(f"cost budget used up ({self.cost:.4f} of {budgets.max_cost:g})")
+            raise LimitsExceeded(f"cost budget used up ({self.cost:.4f} of {budgets.max_cost:g})",
+                                 budget=EndReason.COST_BUDGET)
         if self.tokens_left() <= 0:
             raise LimitsExceeded(
                 f"token budget used up ({self.tokens_used()} tokens; max_tokens={budgets.max_tokens}, "
-                f"context window={self.context_window() or 'unlimited'})"
+                f"context window={self.context_window() or 'unlimited'})",
+                budget=EndReason.TOKEN_BUDGET,
             )
+
+    def charge(self, seconds: float, waited: float = 0.0) -> None:
+        """Book ``seconds`` of a policy call, summary or tool call, of which ``waited`` went to
+        waiting for others (a batching queue, a sandbox slot): only the rest counts against
+        ``max_wall_s``, so load on the machine is not scored as the policy being slow."""
+        waited = min(max(waited, 0.0), seconds)
+        self.policy_s += seconds - waited
+        self.waited_s += waited
 
     def _finish_metrics(self) -> None:
         metrics: dict[str, Any] = {
             "wall_s": time.monotonic() - self.started,
+            "policy_s": self.policy_s,
+            "waited_s": self.waited_s,
             "cost": self.cost,
             "turns": len(self.episode.turns),
             "tool_calls": sum(len(t.tool_calls) for t in self.episode.turns),

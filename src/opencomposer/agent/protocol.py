@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from opencomposer.agent.errors import FormatError
+from opencomposer.agent.errors import FormatError, TranscriptError
 from opencomposer.model.tokenizer import (
     THINK_CLOSE,
     THINK_OPEN,
@@ -301,11 +301,11 @@ class TokenTranscript:
         before = self.render(self.messages, generation_prompt=False)
         content = self.messages[-1].content
         if not before.startswith(head + content):
-            raise RuntimeError("the chat template does not render an assistant turn as prompt + content + closing")
+            raise TranscriptError("the chat template does not render the assistant turn as prompt + content + closing")
         closing = before[len(head) + len(content):]
         after = self.render(self.messages + new_messages, generation_prompt=True)
         if not after.startswith(before):
-            raise RuntimeError("the chat template is not prefix-stable: adding messages changed earlier text")
+            raise TranscriptError("the chat template is not prefix-stable: adding messages changed earlier text")
         text = closing[len(self._sampled_closing):] + after[len(before):]
         self.messages += new_messages
         self._sampled_closing = ""

@@ -3,10 +3,15 @@
 Every task runs ``passes`` times, ``workers`` episodes at a time (threads; each episode has its
 own sandboxes, so the work happens in subprocesses). Outputs, under the output folder:
 
-- ``results.jsonl``: one row per episode, written as episodes finish: status, every ``reward.json``
-  number, tokens by kind, turns, tool calls, wall time, cost, the final message and the diff;
+- ``results.jsonl``: one row per episode, written as episodes finish: status, why it ended
+  (``ended_by``: submitted, a budget, format errors, infra error), every ``reward.json`` number,
+  tokens by kind, turns, format errors, tool calls, wall time, cost, the final message and the diff;
 - ``episodes/TASK/pass-N/``: ``reward.json`` and ``trajectory.json`` (the chat transcript);
 - ``summary.json`` and a printed table (``bench.summary``).
+
+Progress goes through the shared ``ProgressBar``: a bar on a terminal, and otherwise one line per
+finished episode (its task, why it ended, the resolved rate so far), since an episode of a model
+that never speaks the tool protocol can take minutes and a silent log looks like a hang.
 
 An episode that fails inside the harness is recorded as ``infra_error`` with its traceback and the
 run goes on.
@@ -25,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.agent.policy import Policy
-from opencomposer.bench.summary import row_grade, summarize
+from opencomposer.bench.summary import end_reason, row_grade, summarize
 from opencomposer.config import Config
 from opencomposer.envs.rollout import run_episode
+from opencomposer.training.progress import ProgressBar
 from opencomposer.types import Episode, EpisodeStatus, Task
 
 
@@ -47,6 +53,7 @@ def episode_row(task: Task, episode: Episode, pass_index: int, policy_name: str)
         "pass": pass_index,
         "policy": policy_name,
         "status": episode.status.value,
+        "ended_by": episode.end_reason.value if episode.end_reason else None,
         "error": episode.error,
         "reward": episode.reward,
         **episode.metrics,
@@ -62,6 +69,7 @@ def trajectory(episode: Episode) -> dict[str, Any]:
     return {
         "task_id": episode.task_id,
         "status": episode.status.value,
+        "ended_by": episode.end_reason.value if episode.end_reason else None,
         "error": episode.error,
         "segments": [
             {
@@ -115,17 +123,17 @@ def run_eval(
             rows.append(row)
         return row
 
-    if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    status = "{task} ({ended_by}, {turns} turns, {format_errors} format errors)  resolved so far {resolved:.2f}"
+    finished = 0
+    with ProgressBar("eval", len(jobs), status=status, enabled=progress) as bar:
+        def on_done(row: dict[str, Any]) -> None:
+            nonlocal finished
+            finished += 1
+            bar.update(finished, task=f"{row['task_id']}#{row['pass']}", ended_by=end_reason(row).replace("_", " "),
+                       turns=int(row.get("turns", 0)), format_errors=int(row.get("format_errors", 0)),
+                       resolved=_resolved_so_far(rows))
 
-        columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("resolved {task.fields[resolved]}"))
-        with Progress(*columns) as bar:
-            handle = bar.add_task("eval", total=len(jobs), resolved="-")
-            _run_jobs(jobs, one, workers, lambda: bar.update(
-                handle, advance=1, resolved=f"{_resolved_so_far(rows):.2f}"))
-    else:
-        _run_jobs(jobs, one, workers, lambda: None)
+        _run_jobs(jobs, one, workers, on_done)
     rows.sort(key=lambda r: (r["task_id"], r["pass"]))
     summary = summarize(rows)
     summary["policy"] = policy.name
@@ -139,13 +147,13 @@ def _resolved_so_far(rows: list[dict[str, Any]]) -> float:
 
 
 def _run_jobs(jobs: list, fn: Any, workers: int, on_done: Any) -> None:
+    """``fn(task, pass)`` for every job, ``workers`` at a time; ``on_done(row)`` in this thread
+    as each finishes."""
     if workers == 1:
         for task, p in jobs:
-            fn(task, p)
-            on_done()
+            on_done(fn(task, p))
         return
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(fn, task, p) for task, p in jobs]
         for future in as_completed(futures):
-            future.result()
-            on_done()
+            on_done(future.result())

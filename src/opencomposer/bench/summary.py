@@ -6,16 +6,21 @@ Scores follow CursorBench practice (RECIPE.md §8): each task's score is the mea
 the suite's score the mean over tasks. The 95% interval is Wilson's score interval on that mean
 with n = number of tasks (exact for one pass; conservative for several, since passes of one task
 are correlated). Infrastructure errors are counted and left out of every score.
+
+Why episodes ended is reported beside the scores: the count per end reason (``types.EndReason``:
+submitted, format errors, each budget, infra error) and the format errors per turn over all scored
+turns. A model that does not speak the tool protocol shows there at once (every episode "format
+errors", a rate near 1), where the resolved rate alone would read as an ordinary zero.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
-from opencomposer.types import Grade
+from opencomposer.types import EndReason, Grade
 
 TOKEN_KINDS = ("prompt", "thinking", "tool_call", "tool_output", "final_message")
 
@@ -41,6 +46,13 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def end_reason(row: dict[str, Any]) -> str:
+    """The row's ``ended_by``; rows written before it was recorded fall back on their status."""
+    if row.get("ended_by"):
+        return row["ended_by"]
+    return {"ok": EndReason.SUBMITTED.value, "infra_error": EndReason.INFRA_ERROR.value}.get(row["status"], "unrecorded")
+
+
 def row_grade(row: dict[str, Any]) -> Grade | None:
     """The grade of a ``results.jsonl`` row; None for an infrastructure error (never graded)."""
     return None if row["status"] == "infra_error" else Grade.from_json(row)
@@ -60,8 +72,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "tasks": len({r["task_id"] for r in rows}),
         "infra_errors": len(rows) - len(scored),
         "timeouts": sum(r["status"] == "timeout" for r in scored),
+        "ended_by": _ended_by(rows),
         "resolved": resolved,
         "resolved_ci95": [low, high],
+        "tampered_rate": _mean([float(g.tampered) for g in grades]),  # graded 0 for tampering with the tests
         "fail_to_pass": _mean([g.fail_to_pass for g in grades]),
         "pass_to_pass": _mean([g.pass_to_pass for g in grades]),
         "lines_changed": _mean([g.lines_changed for g in grades]),
@@ -74,6 +88,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"tokens_{kind}"] = _mean([r.get("tokens", {}).get(kind, 0) for r in scored])
     summary["completion_tokens"] = _mean([r.get("completion_tokens", 0.0) for r in scored])
     summary["turns"] = _mean([r.get("turns", 0.0) for r in scored])
+    turns = sum(r.get("turns", 0.0) for r in scored)
+    summary["format_errors_per_turn"] = sum(r.get("format_errors", 0.0) for r in scored) / turns if turns else 0.0
     summary["tool_calls"] = _mean([r.get("tool_calls", 0.0) for r in scored])
     walls = [r.get("wall_s", 0.0) for r in scored]
     summary["wall_s_p50"] = _quantile(walls, 0.5)
@@ -82,6 +98,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary["cost_total"] = sum(r.get("cost", 0.0) for r in rows)
     summary["cost_per_episode"] = _mean([r.get("cost", 0.0) for r in scored])
     return summary
+
+
+def _ended_by(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Episodes per end reason, in ``EndReason`` order, reasons no episode had left out."""
+    counts = Counter(end_reason(row) for row in rows)
+    known = [reason.value for reason in EndReason]
+    return {reason: counts[reason] for reason in [*known, *sorted(set(counts) - set(known))] if counts[reason]}
 
 
 def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
@@ -97,6 +120,7 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
         ("infra errors (excluded)", str(summary["infra_errors"])),
         ("budget stops", str(summary["timeouts"])),
         ("resolved", f"{summary['resolved']:.3f}  [{low:.3f}, {high:.3f}] 95% CI"),
+        ("tampered with the tests (scored 0)", f"{summary.get('tampered_rate', 0.0):.3f}"),
         ("fail→pass / pass→pass", f"{summary['fail_to_pass']:.3f} / {summary['pass_to_pass']:.3f}"),
         ("lines / files changed", f"{summary['lines_changed']:.1f} / {summary['files_changed']:.2f}"),
         ("todo / comment lines / lint added",
@@ -104,11 +128,17 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
         ("tokens: thinking / tool call / tool output / final",
          f"{summary['tokens_thinking']:.0f} / {summary['tokens_tool_call']:.0f} / "
          f"{summary['tokens_tool_output']:.0f} / {summary['tokens_final_message']:.0f}"),
+        ("ended by", ", ".join(f"{reason.replace('_', ' ')} {count}"
+                               for reason, count in summary.get("ended_by", {}).items()) or "-"),
         ("turns / tool calls", f"{summary['turns']:.1f} / {summary['tool_calls']:.1f}"),
+        ("format errors / turn", f"{summary.get('format_errors_per_turn', 0.0):.2f}"),
         ("wall s p50 / p90 (grading)",
          f"{summary['wall_s_p50']:.2f} / {summary['wall_s_p90']:.2f} ({summary['grading_s']:.2f})"),
         ("cost total / per episode", f"{summary['cost_total']:.4f} / {summary['cost_per_episode']:.4f}"),
     ]
     for name, value in lines:
         table.add_row(name, value)
+    if summary.get("format_errors_per_turn", 0.0) >= 0.5:
+        table.caption = ("most turns did not parse as tool calls: the model does not speak the tool protocol "
+                         "(docs/harness.md); see episodes/*/trajectory.json")
     return table

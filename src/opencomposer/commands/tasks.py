@@ -1,5 +1,9 @@
 """Handlers of ``opencomposer tasks ...``: check, import, export, generate, mine, measure and validate
-suites. ``--workers`` is a shorthand for ``--set tasks.workers=N`` (declared in ``cli.py``)."""
+suites. ``--workers`` is a shorthand for ``--set tasks.workers=N`` (declared in ``cli.py``).
+
+The long ones (generate, mine, validate) show the shared ``ProgressBar``: a bar on a terminal, one
+line per finished item in a log. The library functions report each item through ``on_done``; the
+display is the command's."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 
 from opencomposer.config import load_recipe
 from opencomposer.tasks.format import TaskFormatError, load_suite
+from opencomposer.training.progress import ProgressBar
 
 
 def check_main(args: argparse.Namespace) -> int:
@@ -85,7 +90,17 @@ def generate_main(args: argparse.Namespace) -> int:
     factory = TaskFactory(args.kind, seed=args.seed, split=args.split, config=config.tasks,
                           sandbox=config.sandbox, sources=sources)
     started = time.monotonic()
-    results = generate(factory, args.count, out, start=args.start, workers=config.tasks.workers)
+    made = rejected = 0
+    with ProgressBar(f"{factory.kind}/{factory.split}", args.count, status="{item}  rejected {rejected}") as bar:
+        def on_done(result) -> None:
+            nonlocal made, rejected
+            made += result.task is not None
+            rejected += sum(bool(a.reason) for a in result.attempts)
+            bar.update(made, item=result.task.id if result.task else f"index {result.index}: no task",
+                       rejected=rejected)
+
+        results = generate(factory, args.count, out, start=args.start, workers=config.tasks.workers,
+                           on_done=on_done)
     made = [r for r in results if r.task is not None]
     failed = [r for r in results if r.task is None]
     minutes = (time.monotonic() - started) / 60
@@ -102,12 +117,23 @@ def mine_main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from opencomposer.tasks.mining import MiningError, mine
+    from opencomposer.tasks.mining import MiningError, commits_to_mine, mine
 
     config = load_recipe(args.recipe, args.overrides)
     try:
-        records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
-                       config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers, progress=True)
+        total = len(commits_to_mine(Path(args.repo), args.rev, args.limit))
+        done = kept = 0
+        with ProgressBar("mine", total, status="{sha} {outcome}  tasks {kept}") as bar:
+            def on_done(record) -> None:
+                nonlocal done, kept
+                done += 1
+                kept += record.task_id is not None
+                bar.update(done, sha=record.sha[:10], outcome=record.task_id or f"(no task: {record.reason})",
+                           kept=kept)
+
+            records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
+                           config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers,
+                           on_done=on_done)
     except MiningError as e:
         print(f"opencomposer tasks mine: {e}", file=sys.stderr)
         return 2
@@ -157,7 +183,16 @@ def validate_main(args: argparse.Namespace) -> int:
         return 2
     grading = GradingConfig(lint=False, timeout_s=config.grading.timeout_s,
                             per_test_timeout_s=config.grading.per_test_timeout_s)
-    checks = validate_suite(tasks, config.sandbox, grading, workers=config.tasks.workers)
+    done = drifted_so_far = 0
+    with ProgressBar("validate", len(tasks), status="{task} {verdict}  drifted {drifted}") as bar:
+        def on_done(check) -> None:
+            nonlocal done, drifted_so_far
+            done += 1
+            drifted_so_far += check.drifted
+            bar.update(done, task=check.task_id, verdict="drifted" if check.drifted else "holds",
+                       drifted=drifted_so_far)
+
+        checks = validate_suite(tasks, config.sandbox, grading, workers=config.tasks.workers, on_done=on_done)
     drifted = [c for c in checks if c.drifted]
     if drifted:
         print(f"{len(drifted)} of {len(checks)} task(s) drifted:")

@@ -226,14 +226,16 @@ class RLConfig(Section):
     task_family: TaskFamily = ""
     """Generate the training stream and the held-out suite from a built-in family
     (``opencomposer.tasks.generators.tiny``; its held-out split never appears in training) into
-    ``{run}/tasks``; then ``train_tasks`` and ``eval_suite`` stay empty."""
+    ``{run}/tasks``; then ``train_tasks`` and ``eval_suite`` stay empty. The stream holds each of the
+    family's training prompts once (single epoch), so ``steps × batch_tasks`` must fit in it."""
     train_tasks: str = ""
     """Folder of training task folders (docs/task-format.md). The stream is all of them in an order
     shuffled by ``run.seed``."""
     eval_suite: str = ""
     """Folder of held-out task folders; its first ``eval_tasks`` tasks by id are evaluated."""
     eval_tasks: int = 16
-    """Held-out tasks per evaluation."""
+    """Held-out tasks per evaluation (at most: a smaller suite, or a family's smaller held-out
+    split, is evaluated whole, each task once)."""
     eval_every: int = 0
     """Evaluate the held-out suite before the first step, every N steps and after the last; 0 never."""
     eval_samples: int = 4

@@ -4,25 +4,37 @@ Order (docs/task-format.md, "Grading order"):
 
 1. a fresh sandbox is made from the task's ``repo/`` and the agent's diff is applied to it;
 2. every protected path is restored from ``repo/`` (removed if ``repo/`` lacks it), then
-   ``tests/files/`` is overlaid, so editing or deleting tests gains the agent nothing;
-3. the task's ``test_command`` runs in the sandbox through ``envs.testrun.run_tests`` (a JUnit
-   report, a per-test timeout when pytest-timeout is installed, no cache);
+   ``tests/files/`` is overlaid, so editing or deleting tests gains the agent nothing; then
+   ``envs.integrity.secure_workspace`` puts back the task's pytest configuration and conftest
+   files and removes interpreter startup hooks and modules that shadow the test stack;
+3. the task's ``test_command`` runs in the sandbox through ``envs.testrun.run_tests`` (outcomes by
+   node id streamed out of pytest by a recording plugin, the tests and their configuration
+   read-only, hidden test sources unreadable by the code under test, a per-test timeout when
+   pytest-timeout is installed, no cache);
 4. per-test outcomes give the FAIL_TO_PASS and PASS_TO_PASS fractions; the rubric is checked;
    the diff is measured (``sandbox.patch.diff_stats``: files and lines changed, TODO/FIXME/XXX and
    comment lines added; ruff findings added on touched Python files). The result is a ``Grade``
    (``types.Grade``), written as ``reward.json`` by ``Grade.to_json``.
 
 Resolution follows the listed tests: failures of unrelated tests do not block it (the exit code
-is recorded as ``test_exit_code``), and a missing or unreadable report fails every listed test.
+is recorded as ``test_exit_code``), and a listed test without a result fails. A change that
+tampers with the run (a planted startup hook or a module named like pytest, or a run whose records
+break the stream's rules or show the test machinery replaced: ``envs.testrun``) is graded
+``tampered``: unresolved, both test fractions 0, whatever the tests reported.
 A test command that runs past ``grading.timeout_s`` scores as failing tests (hanging code is the
 agent's doing). Only failures of the harness itself (the sandbox cannot start, the diff produced by
-our own sandbox does not apply, ruff is missing) raise ``GradingInfraError``.
+our own sandbox does not apply, ruff is missing or runs past its limit) raise ``GradingInfraError``.
+A diff our sandbox makes is checked to rebuild the workspace as it is made; one that does not is a
+harness bug (``sandbox.patch.DiffRoundTripError``), never an infrastructure error that would drop
+the rollout: ``run_episode`` grades the agent's workspace itself (``grade(..., workspace=...)``)
+and the grade says ``diff_round_trip_failed``.
 
 ``GradeCache`` reuses the grade of an identical change to the same task (``grading.cache``).
 
-Known limit: the tests run the agent's code in the same process as pytest, so a determined agent
-could forge the report; the exit code is recorded beside it, and tasks should keep conftest files
-among their protected paths.
+Known limit: the tests run the agent's code in the same process as pytest. The defences above
+stop every hack in ``tests/envs/test_red_team.py``; code written to find the recording plugin in
+memory, or a child process that reads the hidden tests, could still get around them
+(docs/harness.md, "Grading integrity").
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -40,10 +53,14 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from opencomposer.config import GradingConfig, SandboxConfig
+from opencomposer.envs.integrity import Secured, secure_workspace
 from opencomposer.envs.testrun import TestRun, run_tests
-from opencomposer.sandbox.patch import PatchError, apply_patch, copy_tree, diff_stats
+from opencomposer.sandbox.patch import DiffStats, PatchError, apply_patch, copy_tree, diff_stats
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import Grade, Task
+
+RUFF_TIMEOUT_S = 120.0
+log = logging.getLogger(__name__)
 
 
 class GradingInfraError(RuntimeError):
@@ -57,37 +74,52 @@ def grade(
     sandbox_config: SandboxConfig | None = None,
     config: GradingConfig | None = None,
     out_dir: Path | None = None,
+    *,
+    workspace: Path | None = None,
 ) -> Grade:
-    """Score the agent's ``diff`` on ``task``; writes ``reward.json`` into ``out_dir`` if given."""
+    """Score the agent's ``diff`` on ``task``; writes ``reward.json`` into ``out_dir`` if given.
+
+    ``workspace``, the agent's workspace, is for a diff that failed its round trip (a harness bug,
+    ``sandbox.patch.DiffRoundTripError``): the grading copy is then made from the workspace itself,
+    ``diff`` is only measured (as far as it can be), and the grade says ``diff_round_trip_failed``."""
     config = config or GradingConfig()
     started = time.monotonic()
     try:
         stats = diff_stats(diff)
     except PatchError as e:
-        raise GradingInfraError(f"the agent's diff cannot be parsed: {e}") from e
+        if workspace is None:
+            raise GradingInfraError(f"the agent's diff cannot be parsed: {e}") from e
+        log.error("task %s: the harness's diff cannot be measured (%s); its sizes count as 0", task.id, e)
+        stats = DiffStats()
     try:
-        sandbox = Sandbox(task.repo, sandbox_config, workdir=task.workdir)
+        sandbox = Sandbox(task.repo if workspace is None else workspace, sandbox_config, workdir=task.workdir)
     except SandboxError as e:
         raise GradingInfraError(f"the grading sandbox could not start: {e}") from e
     with sandbox:
         try:
-            apply_patch(sandbox.workspace, diff)
-        except (PatchError, OSError) as e:
+            if workspace is None:
+                apply_patch(sandbox.workspace, diff)
+        except (PatchError, OSError) as e:  # sandbox diffs are checked as they are made: this one came from elsewhere
             raise GradingInfraError(f"the agent's diff does not apply to a fresh copy of the repo: {e}") from e
         touched_py = [p for p in stats.paths if p.endswith(".py")]
         lint_added = _lint_added(task.repo, sandbox.workspace, touched_py) if config.lint else 0
         _restore_protected(task, sandbox.workspace)
         if task.tests_dir is not None:
             copy_tree(task.tests_dir, sandbox.workspace)
-        run = _run_tests(task, sandbox, config)
+        secured = secure_workspace(sandbox.workspace, task.repo, task.tests_dir, task.protected_paths)
+        run = _run_tests(task, sandbox, config, secured)
 
     def fraction(ids: list[str]) -> float:
         return 1.0 if not ids else sum(run.outcomes.get(i) == "passed" for i in ids) / len(ids)
 
-    fail_to_pass, pass_to_pass = fraction(task.fail_to_pass), fraction(task.pass_to_pass)
+    tampering = secured.tampering + run.tampering
+    if tampering:
+        log.warning("task %s: the change tampered with the test run: %s", task.id, "; ".join(tampering))
+    fail_to_pass, pass_to_pass = (0.0, 0.0) if tampering else (fraction(task.fail_to_pass),
+                                                                 fraction(task.pass_to_pass))
     rubric_ok = _rubric_ok(task, stats.paths, final_message)
     verdict = Grade(
-        resolved=fail_to_pass == 1.0 and pass_to_pass == 1.0 and rubric_ok,
+        resolved=fail_to_pass == 1.0 and pass_to_pass == 1.0 and rubric_ok and not tampering,
         fail_to_pass=fail_to_pass,
         pass_to_pass=pass_to_pass,
         tests_passed=run.count("passed"),
@@ -95,6 +127,8 @@ def grade(
         tests_errored=run.count("error"),
         test_exit_code=run.exit_code,
         test_timed_out=run.timed_out,
+        tampered=bool(tampering),
+        diff_round_trip_failed=workspace is not None,
         rubric_ok=rubric_ok,
         files_changed=stats.files_changed,
         lines_added=stats.lines_added,
@@ -143,8 +177,13 @@ class GradeCache:
         sandbox_config: SandboxConfig | None = None,
         config: GradingConfig | None = None,
         out_dir: Path | None = None,
+        *,
+        workspace: Path | None = None,
     ) -> Grade:
-        """``grade(...)``, or the grade an earlier call with the same key computed."""
+        """``grade(...)``, or the grade an earlier call with the same key computed. A grade of the
+        ``workspace`` itself is never cached: its diff does not say what was graded."""
+        if workspace is not None:
+            return grade(task, diff, final_message, sandbox_config, config, out_dir, workspace=workspace)
         started = time.monotonic()
         change = hashlib.sha256(f"{diff}\0{final_message}".encode()).hexdigest()
         key = (task.id, str(task.path), change, repr(sandbox_config), repr(config))
@@ -192,12 +231,13 @@ def _restore_protected(task: Task, workspace: Path) -> None:
             shutil.copy2(source, target)
 
 
-def _run_tests(task: Task, sandbox: Sandbox, config: GradingConfig) -> TestRun:
+def _run_tests(task: Task, sandbox: Sandbox, config: GradingConfig, secured: Secured) -> TestRun:
     if not task.fail_to_pass and not task.pass_to_pass:
         return TestRun({}, 0, False, 0.0)  # nothing to look up: a task judged by its rubric alone
     try:
         return run_tests(sandbox, task.test_command, timeout_s=config.timeout_s,
-                         per_test_timeout_s=config.per_test_timeout_s, autoload_plugins=config.autoload_plugins)
+                         per_test_timeout_s=config.per_test_timeout_s, autoload_plugins=config.autoload_plugins,
+                         protected=secured.protected, hidden=secured.hidden)
     except SandboxError as e:
         raise GradingInfraError(f"the test command could not be started: {e}") from e
 
@@ -228,11 +268,15 @@ def ruff_findings(root: Path, paths: list[str]) -> int:
     existing = [p for p in paths if (root / p).is_file() and not (root / p).is_symlink()]
     if not existing:
         return 0
-    proc = subprocess.run(
-        [ruff_executable(), "check", "--isolated", "--no-cache", "--exit-zero", "--output-format", "json", "--",
-         *existing],
-        cwd=root, capture_output=True, text=True, timeout=120,
-    )
+    try:
+        proc = subprocess.run(
+            [ruff_executable(), "check", "--isolated", "--no-cache", "--exit-zero", "--output-format", "json", "--",
+             *existing],
+            cwd=root, capture_output=True, text=True, timeout=RUFF_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise GradingInfraError(f"ruff timed out: it ran past {RUFF_TIMEOUT_S:g} s on {len(existing)} file(s) "
+                                f"({', '.join(existing[:3])}) while measuring lint_added") from e
     try:
         return len(json.loads(proc.stdout or "[]"))
     except json.JSONDecodeError as e:

@@ -3,11 +3,15 @@
 ``run_episode`` is what the evaluator and the RL environment service call for every rollout. It
 never raises for failures of the harness: a sandbox that cannot start, a policy backend that
 fails or a grader that crashes all come back as an ``Episode`` with status ``INFRA_ERROR`` and
-the error text, so they are excluded from scores instead of counted as zeros.
+the error text, so they are excluded from scores instead of counted as zeros. A workspace diff
+that would not rebuild the workspace (``sandbox.patch.DiffRoundTripError``) is a harness bug too,
+but one that must not drop the rollout nor let a policy escape its score by making such a file:
+it is logged as an error and the workspace itself is graded (``Grade.diff_round_trip_failed``).
 """
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +20,11 @@ from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policy import Policy
 from opencomposer.config import Config
 from opencomposer.envs.grading import GradingInfraError, grade
+from opencomposer.sandbox.patch import DiffRoundTripError
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import Episode, EpisodeStatus, Grade, Task
+
+log = logging.getLogger(__name__)
 
 
 def run_episode(
@@ -41,9 +48,22 @@ def run_episode(
         episode = AgentLoop(policy, task, sandbox, config.agent, seed=seed, sample_index=sample_index).run()
         if episode.status == EpisodeStatus.INFRA_ERROR:
             return episode
-        episode.diff = sandbox.diff()
+        try:
+            episode.diff = sandbox.diff()
+        except DiffRoundTripError as e:  # our bug, not the policy's: grade what it left, and say so loudly
+            log.error("task %s, sample %d: %s; grading the workspace itself (reward.json: diff_round_trip_failed)",
+                      task.id, sample_index, e)
+            episode.diff = e.diff
+            return _graded(episode, task, config, out_dir, grader, workspace=sandbox.workspace)
+    return _graded(episode, task, config, out_dir, grader)
+
+
+def _graded(episode: Episode, task: Task, config: Config, out_dir: Path | None, grader: Callable[..., Grade],
+            workspace: Path | None = None) -> Episode:
+    extra = {} if workspace is None else {"workspace": workspace}
     try:
-        episode.grade = grader(task, episode.diff, episode.final_message, config.sandbox, config.grading, out_dir)
+        episode.grade = grader(task, episode.diff, episode.final_message, config.sandbox, config.grading, out_dir,
+                               **extra)
     except GradingInfraError as e:
         episode.status = EpisodeStatus.INFRA_ERROR
         episode.error = f"grading failed: {e}"

@@ -24,7 +24,10 @@ Contract of the gathering (there is no background thread):
   does not hold the others for longer). One batch runs at a time.
 - unblocks: the thread that finds the batch ready runs it (outside the lock) and hands every
   request its completions, or the engine's exception, which is then raised in every requesting
-  thread (never swallowed); all waiters are woken and the next batch may start.
+  thread (never swallowed); all waiters are woken and the next batch may start. Each completion
+  carries ``queue_wait_s``: the caller's time in ``generate`` minus the engine call that sampled
+  it, i.e. what it spent waiting for other sessions (the agent loop does not charge that to an
+  episode's wall-time budget).
 - shuts down: each session is closed by its owner (context manager or ``close()``); closing is
   also the hint "no request is coming", so the others stop waiting for it. A closed session that
   asks again simply reopens. Nothing needs stopping when the last session closes.
@@ -57,6 +60,7 @@ class _Request:
     arrived: float
     completions: list[Completion] | None = None
     error: BaseException | None = None
+    call: tuple[float, float] | None = None  # (start, end) of the engine call that sampled it
 
     @property
     def done(self) -> bool:
@@ -153,7 +157,11 @@ class BatchingEngine:
         for r in requests:
             if r.error is not None:
                 raise r.error
-        return [c for r in requests for c in r.completions]
+        # everything but its own engine call was waiting: for other sessions, a running batch,
+        # or the other engine calls of its batch
+        own = sum(end - start for start, end in {r.call for r in requests if r.call is not None})
+        waited = max(0.0, time.monotonic() - now - own)
+        return [dataclasses.replace(c, queue_wait_s=waited) for r in requests for c in r.completions]
 
     def _ready(self) -> bool:
         if not self._pending:
@@ -205,9 +213,13 @@ class BatchingEngine:
                 cap = max(batch[i].params.max_new_tokens for group in members for i in group)
                 params = dataclasses.replace(batch[members[0][0]].params, max_new_tokens=cap, seed=0)
                 seeds = [s for group in members for i in group for s in batch[i].row_seeds]
+                started = time.monotonic()
                 completions = self.engine.generate(
                     [list(p) for p in prompts], params, n=rows_per_prompt, row_seeds=seeds
                 )
+                call = (started, time.monotonic())
+                for i in (i for group in members for i in group):
+                    batch[i].call = call
                 self.stats.calls += 1
                 self.stats.call_sizes.append(len(completions))
                 self.stats.prompts += len(prompts)

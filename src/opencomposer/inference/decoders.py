@@ -1,5 +1,7 @@
-"""The two ways ``LocalEngine`` runs a model: a lean decoder for Llama/Qwen-style models, and the
-generic transformers forward for everything else.
+"""Two ways ``LocalEngine`` runs a model: a lean decoder for Llama/Qwen-style models, and the
+generic transformers forward for everything else. (The third, for Llama/Qwen-style decode steps by
+default, is ``inference.invariant``; it prefills each prompt with ``LeanDecoder``, whose steps
+remain the engine's ``batch_invariant=False`` path.)
 
 Both keep a key/value cache per batch row and expose the same four operations: ``prefill`` a
 left-padded batch, ``step`` one token per row, ``repeat`` every row ``n`` times (samples sharing

@@ -2,22 +2,37 @@
 
 ``LocalEngine.generate`` decodes many prompts at once with a key/value cache:
 
-1. **Shared prefill.** The prompts of a chunk are left-padded into one batch and run through the
-   model once; the cache is then repeated ``n`` times, so the ``n`` samples of a prompt share one
-   prefill (the report's fixed-size groups make this the common case).
-2. **Decode.** Each step feeds the last token of every live row. The cache grows in place inside a
-   preallocated buffer (doubling when full) instead of being re-concatenated every step. Llama- and
-   Qwen-style models run through ``LeanDecoder`` (the model's own modules without the
-   transformers glue); other architectures through their transformers forward
-   (``inference.decoders``).
+1. **Prefill.** Each prompt of a chunk is run through the model on its own, so its cache and first
+   logits are a function of the prompt alone; the cache is then repeated ``n`` times, so the ``n``
+   samples of a prompt share one prefill (the report's fixed-size groups make this the common
+   case).
+2. **Decode.** Each step feeds the last token of every live row. Llama- and Qwen-style models run
+   through ``inference.invariant.InvariantDecoder`` (fixed-shape matmuls, attention in fixed key
+   blocks, each row's keys from its own position 0); other architectures through their
+   transformers forward (``inference.decoders.HFDecoder``).
 3. **Compaction.** Finished rows are dropped from the batch once enough of them have accumulated.
-4. **Sampling.** Temperature, then top-k / top-p truncation, then inverse-CDF sampling with one
+4. **Sampling.** Temperature, then the top-k / top-p cut (``inference.sampling``), then
+   inverse-CDF sampling in vocabulary order with one
    uniform number per row and step drawn from that row's own generator, seeded from
-   ``(seed, prompt index, sample index)``: the same seed gives the same samples.
+   ``(seed, prompt index, sample index)``, or given by the caller (``row_seeds``).
 
-Every completion carries the sampler's log-probability of each token under the temperature-scaled
-distribution *before* truncation (at temperature 1 that is exactly the log-softmax the trainer
-recomputes; at temperature 0, greedy, it is the log-softmax at temperature 1) and, for MoE models,
+What it guarantees (Llama/Qwen-style models): **a row does not depend on what shares its batch.**
+With the same weights, torch build, machine and torch thread count, a prompt sampled with a given
+row seed yields the same tokens, log-probabilities (bit for bit) and routes whether it is
+generated alone or among other prompts of any lengths, with any ``n``, at any position of the
+call, in any chunking, before or after compaction (``tests/inference/test_invariant.py``). The
+batching front-end's timing therefore cannot change what an episode samples, and an RL run is
+reproducible bit for bit (``tests/rl/test_reproducible.py``). Not guaranteed: across machines,
+torch builds or thread counts; equality with the trainer's forward or with the previous fast path
+(they agree to float32 rounding, not bitwise); other architectures (DeepSeek-V3 decodes through
+its transformers forward, whose rows move with the batch). The price is 4-17% of decode
+throughput (docs/LOG.md, 2026-12-03); ``batch_invariant=False`` keeps the previous path (one
+left-padded prefill, ``LeanDecoder`` steps) as the benchmark's reference.
+
+Every completion carries the sampler's log-probability of each token under the distribution it
+was drawn from: temperature-scaled, cut by top-k / top-p and renormalised (``inference.sampling``,
+the rule the trainer scores tokens with too; at temperature 0, greedy, the log-softmax at
+temperature 1) and, for MoE models,
 the experts each token was routed to, ``[tokens, moe_layers, top_k]``. A token's route is known
 only once it has been fed back as input, so a row that finishes rides along for one more forward
 before it is dropped.
@@ -34,9 +49,11 @@ import numpy as np
 import torch
 
 from opencomposer.inference.decoders import HFDecoder, LeanDecoder, lean_supported
-from opencomposer.inference.engine import Completion, SamplingParams
+from opencomposer.inference.invariant import InvariantDecoder
+from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
 from opencomposer.model.routing import RouteRecorder, route_dtype
 from opencomposer.model.tokenizer import stop_token_ids
+from opencomposer.types import Completion, SamplingParams
 
 
 def sample_tokens(
@@ -44,32 +61,21 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row. ``logits`` [B, V] float32, ``uniforms`` [B] in [0, 1).
 
-    Returns ``(tokens [B], logprobs [B])``; logprobs are under the temperature-scaled, untruncated
-    distribution (temperature 1 for greedy).
+    Returns ``(tokens [B], logprobs [B])``; logprobs are those of the distribution sampled from:
+    temperature-scaled, cut by top-k / top-p and renormalised (``inference.sampling``); for
+    greedy, the log-softmax at temperature 1.
     """
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         return tokens, logprobs
-    logp = torch.log_softmax(logits / params.temperature, dim=-1)  # [B, V]
-    probs = logp.exp()
-    if params.top_k or params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
-        if params.top_k:
-            keep[:, params.top_k :] = False
-        if params.top_p < 1.0:
-            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
-            keep &= before < params.top_p  # the token that crosses top_p is kept
-        sorted_probs = sorted_probs * keep
-        cdf = sorted_probs.cumsum(dim=-1)
-        pick = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
-        pick = pick.clamp(max=probs.shape[-1] - 1)
-        tokens = order.gather(1, pick[:, None])[:, 0]
-    else:
-        cdf = probs.cumsum(dim=-1)
-        pick = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
-        tokens = pick.clamp(max=probs.shape[-1] - 1)
+    scaled = logits / params.temperature
+    keep = kept_tokens(scaled, params.top_p, params.top_k) if truncates(params.top_p, params.top_k) else None
+    logp = truncated_logprobs(scaled, keep)  # [B, V], -inf outside the kept tokens
+    cdf = logp.exp().cumsum(dim=-1)  # flat over cut tokens, so a draw never lands on one
+    total = cdf[:, -1]
+    draw = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))  # < total, rounding too
+    tokens = torch.searchsorted(cdf, draw[:, None], right=True)[:, 0]
     return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
@@ -105,7 +111,13 @@ class LocalEngine:
         max_batch_size: int = 64,
         policy_version: int = 0,
         compact_fraction: float = 0.25,
+        batch_invariant: bool = True,
     ):
+        """``batch_invariant``: decode Llama/Qwen-style models with ``inference.invariant``, so that
+        a row's result does not depend on its batch (see module doc); False takes the previous
+        decoder, a shared left-padded prefill and ``LeanDecoder`` steps, 4-17% faster
+        (docs/LOG.md, 2026-12-03), kept as the benchmark's reference. Other architectures always
+        run through their transformers forward and are not batch-invariant."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -124,6 +136,7 @@ class LocalEngine:
         self.route_shape = (len(routers), int(routers[0].top_k)) if routers else (0, 0)
         self.route_dtype = route_dtype(model)
         self.lean = lean_supported(model)
+        self.batch_invariant = batch_invariant and self.lean
         self._seed_rng = np.random.default_rng()
 
     # ------------------------------------------------------------------------------------------
@@ -195,10 +208,13 @@ class LocalEngine:
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
         stop_window = max((len(s) for s in params.stop), default=0) + 8
         dev = self.device
-        decoder = LeanDecoder(self.model) if self.lean else HFDecoder(self.model)
         with RouteRecorder(self.model) as recorder:
+            if self.batch_invariant:
+                decoder = InvariantDecoder(self.model, recorder)
+            else:
+                decoder = LeanDecoder(self.model) if self.lean else HFDecoder(self.model)
             logits = decoder.prefill(input_ids.to(dev), mask.to(dev), position_ids.to(dev))
-            recorder.take(len(indices), width)  # prompt routes are not returned
+            recorder.clear()  # prompt routes are not returned
             logits = logits[:, -1, :].float().repeat_interleave(n, dim=0)  # [rows, V]
             decoder.repeat(n)
             live = rows  # rows still in the batch, aligned with dim 0 of logits and the cache

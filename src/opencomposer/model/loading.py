@@ -2,7 +2,9 @@
 
 ``load_model(spec)`` returns ``(model, tokenizer)``; ``save_checkpoint`` writes a folder that plain
 ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load (safetensors,
-tokenizer with the chat template, generation config).
+tokenizer with the chat template, generation config). Every transformers call here runs inside
+``quiet_transformers()``: a run loads and saves dozens of checkpoints, and each would otherwise draw
+its own "Loading weights" / "Writing model shards" bar.
 
 Tiny models are the ones the demo and the tests train on CPU: a Qwen3-MoE (the family of the
 report's Qwen3-Coder-30B-A3B experiment) and a DeepSeek-V3 (the Kimi K2.5 family), both random
@@ -12,9 +14,12 @@ init, with our own byte-level BPE tokenizer trained on the local code corpus (ca
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,35 @@ from opencomposer.model.tokenizer import END_OF_TEXT, IM_END, load_tokenizer, st
 
 TINY_KINDS = ("tiny_moe", "tiny_deepseek_v3")
 MODEL_KINDS = (*TINY_KINDS, "hf", "smollm2")  # every model.kind built here; "hf" also needs a folder
+
+
+# Loggers that speak when transformers first imports its torchao quantizer (torchao is a dev
+# dependency here, for the numerics tests): "Failed to load" for each GPU-only extension library of
+# torchao's wheel, and torch's pytree deprecation notice for enums torchao registers. Neither
+# concerns a CPU run.
+_IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """For the calls inside: no transformers progress bars (per-checkpoint "Loading weights" and
+    "Writing model shards") and no import-time warnings of the optional torchao; the previous
+    settings come back on exit. Scoped, so a user's own transformers calls keep their bars."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    loggers = [logging.getLogger(name) for name in _IMPORT_NOISE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    hf_logging.disable_progress_bar()
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def resolve_spec(spec: ModelConfig | str | Path) -> ModelConfig:
@@ -65,20 +99,22 @@ def load_model(
         tokenizer = load_tokenizer(config.tokenizer_path) if config.tokenizer_path else default_tokenizer()
     hf_config = tiny_config(config, tokenizer)
     torch.manual_seed(seed)
-    from transformers import AutoModelForCausalLM
+    with quiet_transformers():
+        from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     model.generation_config.eos_token_id = stop_token_ids(tokenizer)
     model.generation_config.pad_token_id = hf_config.pad_token_id
     return model.to(device).eval(), tokenizer
 
 
 def _load_folder(path: Path, dtype: torch.dtype, device: str | torch.device) -> tuple[torch.nn.Module, Any]:
-    from transformers import AutoModelForCausalLM
-
     if not (path / "config.json").is_file():
         raise ConfigError(f"model.path: {path} is not a checkpoint folder (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    with quiet_transformers():
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     tokenizer = load_tokenizer(path)
     return model.to(device).eval(), tokenizer
 
@@ -172,8 +208,9 @@ def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | Path) ->
         del model.config.quantization_config
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None
-    model.save_pretrained(str(path), safe_serialization=True)
-    tokenizer.save_pretrained(str(path))
+    with quiet_transformers():
+        model.save_pretrained(str(path), safe_serialization=True)
+        tokenizer.save_pretrained(str(path))
     return path
 
 

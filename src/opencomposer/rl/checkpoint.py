@@ -5,8 +5,9 @@ to continue as if it had never stopped:
 
 - ``model/``: the policy's weights and tokenizer (a Hugging Face folder; ``local:PATH`` loads it);
 - ``trainer.pt``: Adam's state and the RNG states (torch, NumPy, Python);
-- ``state.json``: the step, the position in the task stream and the record of every task trained
-  on so far (stream index, task id, the step that trained it), plus the policy version.
+- ``state.json``: the step, the position in the task stream and the record of every task the
+  stream handed out so far (stream index, task id, the step that used it, and its status:
+  ``trained``, or ``dropped`` with the reason its rollouts taught nothing), plus the policy version.
 
 **Atomicity.** A checkpoint is written into a hidden temporary folder, every file is fsynced, and
 the folder is renamed to its final name (an atomic ``rename(2)`` on one file system), then the
@@ -21,6 +22,12 @@ steps after it (their rollouts, their updates, any evaluation) are lost with the
 replayed from the same stream position, so every task of the stream ends up in the weights
 exactly once and in the record exactly once. ``metrics.jsonl`` and the TensorBoard events are cut
 back to the checkpoint's step on resume (``rl.loop``), so logs agree with the record.
+
+**Trained or dropped.** Every position is consumed once either way (single epoch: a dropped task
+is not retried), but not every consumed task moved the weights: a group left with fewer than two
+scored episodes (infrastructure failures) has no baseline and is dropped, and a step without
+gradient (every advantage zero) skips its update. Their records say ``dropped`` and why; a task
+whose rows entered an applied update says ``trained``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,17 +49,35 @@ PREFIX = "step-"
 
 
 @dataclass
+class TaskRecord:
+    """One consumed stream position: its task, the step that used it, and whether it trained."""
+
+    index: int
+    task_id: str
+    step: int
+    status: Literal["trained", "dropped"] = "trained"
+    reason: str = ""  # for "dropped": the group was dropped, or the step skipped its update
+
+    def __post_init__(self) -> None:
+        if self.status not in ("trained", "dropped"):
+            raise ValueError(f"task record status: expected 'trained' or 'dropped', got {self.status!r}")
+        if (self.status == "dropped") != bool(self.reason):
+            raise ValueError(f"task record {self.task_id!r}: a reason is given for dropped tasks, and only for them")
+
+
+@dataclass
 class RunState:
-    """Where a run is: steps done, next stream position, and every task trained so far."""
+    """Where a run is: steps done, next stream position, and every task the stream handed out."""
 
     step: int = 0
     cursor: int = 0
-    trained: list[dict[str, Any]] = field(default_factory=list)  # {"index", "task_id", "step"}
+    trained: list[TaskRecord] = field(default_factory=list)  # the exactly-once record, by stream position
 
     @classmethod
     def from_json(cls, text: str) -> RunState:
         data = json.loads(text)
-        return cls(step=int(data["step"]), cursor=int(data["cursor"]), trained=list(data["trained"]))
+        return cls(step=int(data["step"]), cursor=int(data["cursor"]),
+                   trained=[TaskRecord(**record) for record in data["trained"]])
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from opencomposer.config import Config, ConfigError, ModelConfig, to_toml
 from opencomposer.io import atomic_directory, atomic_write_text
 from opencomposer.rl.checkpoint import (
     RunState,
+    TaskRecord,
     latest_checkpoint,
     load_training_checkpoint,
     remove_partial,
@@ -150,9 +152,9 @@ class RLRun:
             problem = f"its stream position {state.cursor} is not step {state.step} × rl.batch_tasks {batch}"
         else:
             for record in state.trained:
-                task_id = self.stream.task(record["index"]).id
-                if task_id != record["task_id"]:
-                    problem = (f"stream position {record['index']} held task {record['task_id']!r} then and "
+                task_id = self.stream.task(record.index).id if record.index < self.stream.size else None
+                if task_id != record.task_id:
+                    problem = (f"stream position {record.index} held task {record.task_id!r} then and "
                                f"holds {task_id!r} now")
                     break
         if problem:
@@ -222,7 +224,7 @@ class RLRun:
         loss, train_metrics = self.trainer.train(scored)
         state.step += 1
         state.cursor += rl.batch_tasks
-        state.trained += [{"index": i, "task_id": t.id, "step": state.step} for i, t in zip(indices, tasks, strict=True)]
+        state.trained += step_records(indices, groups, state.step, skipped=bool(train_metrics["skipped"]))
         self.trainer.publish(self.batcher, state.step)
         self._write_rollouts(groups)
         metrics = {
@@ -268,6 +270,23 @@ class RLRun:
         folder = self.run_dir / "rollouts"
         folder.mkdir(exist_ok=True)
         atomic_write_text(folder / f"step-{self.state.step:06d}.jsonl", "".join(line + "\n" for line in lines))
+
+
+def step_records(indices: list[int], groups: list[Group], step: int, skipped: bool) -> list[TaskRecord]:
+    """The exactly-once record of one step's tasks (``rl.checkpoint``): ``trained`` when the task's
+    rows entered the step's update, else ``dropped`` with the reason."""
+    records = []
+    for index, group in zip(indices, groups, strict=True):
+        scored = sum(episode.scored for episode in group.episodes)
+        if all(math.isnan(a) for a in group.advantages):
+            reason = (f"group dropped: {scored} of {len(group.episodes)} episodes scored (infrastructure "
+                      "errors), too few for a group baseline")
+        elif skipped:
+            reason = "step skipped: no gradient (every advantage zero), so no update was applied"
+        else:
+            reason = ""
+        records.append(TaskRecord(index, group.task.id, step, "dropped" if reason else "trained", reason))
+    return records
 
 
 def run_rl(config: Config, progress: bool = True) -> RLSummary:

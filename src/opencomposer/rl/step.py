@@ -47,8 +47,12 @@ def train_step(
     batches: list[TrainBatch],
     config: RLConfig,
     temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> tuple[float, dict[str, float]]:
-    """Accumulate the loss's gradient over ``batches`` (the step's micro-batches), clip, step."""
+    """Accumulate the loss's gradient over ``batches`` (the step's micro-batches), clip, step.
+    Tokens are scored as the sampler drew them (``temperature``, ``top_p``, ``top_k``; see
+    ``training.forward.token_logprobs``)."""
     device = next(model.parameters()).device
     num_tokens = float(sum(int(b.loss_mask.sum()) for b in batches))
     num_sequences = float(sum(int(b.loss_mask.any(1).sum()) for b in batches))
@@ -58,7 +62,8 @@ def train_step(
     totals: dict[str, float] = {}
     for batch in batches:
         batch = batch_to(batch, device)
-        logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature)
+        logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature,
+                                           top_p=top_p, top_k=top_k)
         inputs = dataclasses.replace(
             LossInputs.from_batch(batch, logprobs, entropy), num_tokens=num_tokens, num_sequences=num_sequences
         )

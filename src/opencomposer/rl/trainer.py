@@ -36,7 +36,7 @@ from opencomposer.training.forward import reference_logprobs
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.packing import SequenceRow, collate, episode_index, episode_rows, micro_batches
 from opencomposer.training.schedule import warmup_cosine_lr
-from opencomposer.types import Episode, Group
+from opencomposer.types import Episode, EpisodeStatus, Group
 
 
 @dataclass
@@ -70,8 +70,13 @@ class Trainer:
         # full-parameter Adam, no weight decay (report §4.1; rl.step)
         self.optimizer = build_optimizer(model, lr=self.rl.lr, betas=tuple(self.rl.adam_betas), eps=self.rl.adam_eps)
         self.updates = 0  # optimizer steps applied (skipped steps do not count); drives the warm-up
-        # π is scored at the sampling temperature, as the sampler scores it (training.forward.token_logprobs)
-        self.temperature = config.sampling.temperature if config.sampling.temperature > 0 else 1.0
+        # π and π_ref are scored as the sampler draws: at the sampling temperature, cut by top-p /
+        # top-k (training.forward.token_logprobs); greedy sampling records the plain log-softmax
+        sampling = config.sampling
+        greedy = sampling.temperature == 0
+        self.temperature = 1.0 if greedy else sampling.temperature
+        self.top_p = 1.0 if greedy else sampling.top_p
+        self.top_k = 0 if greedy else sampling.top_k
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
 
@@ -115,7 +120,8 @@ class Trainer:
     def _reference_pass(self, rows: list[SequenceRow]) -> None:
         for chunk in micro_batches(rows, self.rl.micro_batch_tokens):
             batch = collate(chunk, self.pad_id)
-            logprobs = reference_logprobs(self.reference, batch, bf16=self.rl.bf16, temperature=self.temperature)
+            logprobs = reference_logprobs(self.reference, batch, bf16=self.rl.bf16, temperature=self.temperature,
+                                          top_p=self.top_p, top_k=self.top_k)
             for r, row in enumerate(chunk):
                 row.ref_logprobs = logprobs[r, : len(row)].numpy()
 
@@ -140,9 +146,11 @@ class Trainer:
             return {}
         out = {
             "resolved_rate": float(np.mean([e.grade.resolved for e in scored])),
+            "tampered_rate": float(np.mean([e.grade.tampered for e in scored])),  # envs.integrity, envs.testrun
             "episode_tokens": float(np.mean([sum(len(t.token_ids) for t in e.turns) for e in scored])),
             "episode_turns": float(np.mean([len(e.turns) for e in scored])),
-            "episodes_timeout": float(sum(e.status.value == "timeout" for e in scored)),
+            "episodes_timeout": float(sum(e.status == EpisodeStatus.TIMEOUT for e in scored)),
+            "episodes_format_error": float(sum(e.status == EpisodeStatus.FORMAT_ERROR for e in scored)),
         }
         for name in scored[0].reward_terms:
             out[f"reward/{name}"] = float(np.mean([e.reward_terms[name] for e in scored]))
@@ -171,7 +179,8 @@ class Trainer:
         lr = self.learning_rate(self.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss, metrics = train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature)
+        loss, metrics = train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,
+                                   top_p=self.top_p, top_k=self.top_k)
         self.updates += 1
         metrics["skipped"] = 0.0
         metrics["lr"] = lr

@@ -4,7 +4,8 @@
   in the jail, with a wall-clock limit, capped output and host-side file access confined to it;
 - ``jail``: how one command is confined (bubblewrap argv: no network, private /tmp, read-only
   system; rlimits; a pids cgroup; killing the process group);
-- ``patch``: unified diffs of workspace trees, and applying them.
+- ``patch``: git diffs of workspace trees that round-trip byte for byte, and applying them;
+- ``gitformat``: the byte-level parts of git's patch format (quoted names, blob ids, binary hunks).
 
 Not here: what runs inside (the agent's tools in ``agent``, grading in ``envs``).
 """

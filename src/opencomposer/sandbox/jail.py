@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig
@@ -46,9 +47,14 @@ def bwrap_available() -> bool:
 
 
 def bwrap_argv(shell: str, command: str, *, status_fd: int, workspace: Path, workdir: str, etc: Path,
-               config: SandboxConfig, env: dict[str, str]) -> list[str]:
+               config: SandboxConfig, env: dict[str, str], readonly: Sequence[str] = (),
+               ro_binds: Sequence[str] = ()) -> list[str]:
     """The bubblewrap command line that runs ``command`` with ``shell`` over ``workspace`` (mounted at
-    ``workdir``): the namespaces, the read-only system, the private /tmp, the environment ``env``."""
+    ``workdir``): the namespaces, the read-only system, the private /tmp, the environment ``env``.
+
+    ``readonly`` names workspace paths (relative) mounted read-only over the writable workspace, so
+    the command can neither change, delete nor rename them; ``ro_binds`` are further host paths
+    visible read-only at the same path, for this command only."""
     argv = [shutil.which(BWRAP) or BWRAP, "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--hostname", "sandbox", "--cap-drop", "ALL", "--json-status-fd", str(status_fd)]
@@ -66,8 +72,12 @@ def bwrap_argv(shell: str, command: str, *, status_fd: int, workspace: Path, wor
     argv += ["--size", str(config.tmp_size_mb << 20), "--tmpfs", "/tmp"]
     for path in python_roots() + list(config.ro_binds):
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--bind", str(workspace), workdir, "--remount-ro", "/",
+    for path in ro_binds:
+        argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(workspace), workdir]
+    for rel in readonly:
+        argv += ["--ro-bind", str(workspace / rel), f"{workdir}/{rel}"]
+    argv += ["--remount-ro", "/",
              "--chdir", workdir, "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]

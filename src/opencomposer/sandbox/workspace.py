@@ -16,6 +16,8 @@ command in a fresh bubblewrap (``bwrap``) jail over it:
   per-sandbox cgroup is emptied and removed by ``close()``.
 - **concurrency**: at most ``sandbox.max_concurrent`` commands run at once in the process (the
   CPU count by default), whatever the number of sandboxes open: RL opens one per rollout.
+- **per command**: workspace paths mounted read-only over the writable workspace (grading's
+  tests and test configuration), extra read-only host folders, inherited file descriptors.
 
 Tools read and write workspace files from the host through ``resolve()``, which confines paths to
 the workspace (no ``..``, no symlink pointing out, regular files only).
@@ -40,6 +42,7 @@ import threading
 import time
 import uuid
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig
@@ -55,7 +58,7 @@ from opencomposer.sandbox.jail import (
     remove_cgroup,
     write_etc,
 )
-from opencomposer.sandbox.patch import IGNORED_NAMES, IGNORED_SUFFIXES, diff_trees
+from opencomposer.sandbox.patch import diff_trees, ignore_names
 from opencomposer.types import RunResult
 
 DEFAULT_WORKDIR = "/workspace"
@@ -110,11 +113,14 @@ class Sandbox:
         self.root = Path(tempfile.mkdtemp(prefix=f"{self.id}-", dir=parent))
         self.workspace = self.root / "workspace"
         self._lock = threading.Lock()
+        # seconds commands waited for a command slot (sandbox.max_concurrent) or this sandbox's
+        # previous command: load, not the policy's doing (the agent loop's wall-time budget skips it)
+        self.slot_wait_s = 0.0
         self._closed = False
         self._cgroup: Path | None = None
         try:
             if self.source is not None:
-                shutil.copytree(self.source, self.workspace, symlinks=True, ignore=_ignore_caches)
+                shutil.copytree(self.source, self.workspace, symlinks=True, ignore=ignore_names)
             else:
                 self.workspace.mkdir()
             self._etc = write_etc(self.root)
@@ -134,26 +140,39 @@ class Sandbox:
     # ------------------------------------------------------------------------------------------
     # Commands
 
-    def run(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None) -> RunResult:
+    def run(self, command: str, timeout_s: float | None = None, env: dict[str, str] | None = None, *,
+            pass_fds: Sequence[int] = (), readonly: Sequence[str] = (), ro_binds: Sequence[str] = ()) -> RunResult:
         """Run ``command`` with the configured shell inside the jail, from the workspace root.
+
+        ``pass_fds`` are inherited by the command (same numbers); ``readonly`` names workspace paths
+        (relative, existing, reached without symlinks) that this command may not change, delete or
+        rename; ``ro_binds`` are host folders it sees read-only at the same path. With
+        ``isolation = "none"`` nothing can be made read-only and ``readonly`` has no effect.
 
         Raises ``SandboxError`` only when the jail itself could not start; everything the command
         does (failing, timing out, being killed by a limit) is reported in the ``RunResult``.
         """
         if self._closed:
             raise SandboxError("run() on a closed sandbox")
+        for rel in readonly:
+            if Path(self.resolve(rel, must_exist=True)) != self.workspace.resolve().joinpath(rel):
+                raise PathOutsideWorkspace(f"readonly path {rel!r} goes through a symlink")
         timeout = min(float(timeout_s or self.config.timeout_s), self.config.max_timeout_s)
+        asked = time.monotonic()
         with self._lock, command_slots(self.config.max_concurrent):
-            return self._run(command, timeout, env or {})
+            self.slot_wait_s += time.monotonic() - asked
+            return self._run(command, timeout, env or {}, tuple(pass_fds), tuple(readonly), tuple(ro_binds))
 
-    def _run(self, command: str, timeout: float, extra_env: dict[str, str]) -> RunResult:
+    def _run(self, command: str, timeout: float, extra_env: dict[str, str], pass_fds: tuple[int, ...],
+             readonly: tuple[str, ...], ro_binds: tuple[str, ...]) -> RunResult:
         shell = self.config.shell if Path(self.config.shell).exists() else "/bin/sh"
         go_read, go_write = os.pipe()
         status_read = status_write = -1
         if self.config.isolation == "bwrap":
             status_read, status_write = os.pipe()
             argv = bwrap_argv(shell, command, status_fd=status_write, workspace=self.workspace, workdir=self.workdir,
-                              etc=self._etc, config=self.config, env=self._environment(extra_env))
+                              etc=self._etc, config=self.config, env=self._environment(extra_env),
+                              readonly=readonly, ro_binds=ro_binds)
             cwd, env = "/", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
             argv = [shell, "-c", command]
@@ -170,7 +189,7 @@ class Sandbox:
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
                 env=env,
-                pass_fds=(status_write,) if status_write >= 0 else (),
+                pass_fds=((status_write,) if status_write >= 0 else ()) + pass_fds,
                 start_new_session=True,
             )
         except OSError as e:
@@ -334,7 +353,10 @@ class Sandbox:
         return "." if rel in ("", ".") else rel
 
     def diff(self) -> str:
-        """Unified diff from the initial snapshot to the workspace now (added and deleted files too)."""
+        """The git-style diff from the initial snapshot to the workspace now (``sandbox.patch.diff_trees``:
+        byte for byte, binary files, symbolic links as links, the executable bit; caches and other
+        ignored names left out on both sides, as the copy left them out). Raises
+        ``sandbox.patch.DiffRoundTripError``, a harness bug, if the diff would not rebuild the workspace."""
         if self.source is None:
             empty = self.root / "empty"
             empty.mkdir(exist_ok=True)
@@ -363,7 +385,3 @@ class Sandbox:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
-
-
-def _ignore_caches(directory: str, names: list[str]) -> set[str]:
-    return {n for n in names if n in IGNORED_NAMES - {".git"} or n.endswith(IGNORED_SUFFIXES)}

@@ -2,8 +2,13 @@
 
 ``load_task(folder)`` reads one folder into a ``Task``; every problem raises ``TaskFormatError``
 naming the file and the field. ``load_suite(folder)`` loads every task folder below a suite folder
-and reports all broken ones at once. ``write_task`` creates a folder (importers use it) and never
-overwrites an existing one unless asked.
+and reports all broken ones at once. ``write_task`` creates a folder (importers and generators use
+it) and never overwrites an existing one unless asked.
+
+A task's starting repository is either a ``repo/`` folder or a ``[repo]`` table naming a ``base``
+folder and an optional ``setup_patch``. ``materialize_repo`` turns the second form into a folder
+in a content-addressed cache, so ``Task.repo`` is always a folder and the sandbox, the grader and
+the oracle never see the difference.
 
 Not here: importers from other formats (``tasks.importers``), exporters (``tasks.exporters``),
 grading (``envs.grading``).
@@ -12,19 +17,29 @@ grading (``envs.grading``).
 from __future__ import annotations
 
 import difflib
+import fcntl
+import hashlib
 import json
 import re
 import shutil
+import stat
+import tempfile
 import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from opencomposer.sandbox.patch import PatchError, copy_tree, parse_patch
+import opencomposer
+from opencomposer.io import atomic_directory, atomic_write_text, cache_dir
+from opencomposer.sandbox.patch import PatchError, apply_patch, copy_tree, diff_trees, list_files, parse_patch
 from opencomposer.types import Budgets, Task
 
 TASK_ID = re.compile(r"^[A-Za-z0-9._-]+$")
-TOP_LEVEL_KEYS = ("id", "test_command", "protected_paths", "workdir", "metadata", "budgets")
+TOP_LEVEL_KEYS = ("id", "test_command", "protected_paths", "workdir", "repo", "metadata", "budgets")
+REPO_KEYS = ("base", "setup_patch")
+SETUP_PATCH = "setup.patch"
+PROJECTS_DIR = Path(opencomposer.__file__).parent / "suites" / "projects"
+"""The built-in source projects: a ``[repo] base`` without a ``/`` names one of these folders."""
 METADATA_CHOICES = {
     "source": ("handwritten", "bug_injection", "feature_deletion", "refactor", "mined", "humaneval", "swebench",
                "harbor"),
@@ -97,9 +112,7 @@ def load_task(folder: Path | str) -> Task:
     instruction = instruction_path.read_text(encoding="utf-8")
     if not instruction.strip():
         raise TaskFormatError(instruction_path, "", "is empty")
-    repo = folder / "repo"
-    if not repo.is_dir():
-        raise TaskFormatError(repo, "", "missing; repo/ is the starting snapshot copied into the workspace")
+    repo = _starting_repo(folder, data, toml_path, task_id)
 
     fail_to_pass, pass_to_pass = _read_tests_json(folder / "tests" / "tests.json")
     files = folder / "tests" / "files"
@@ -109,7 +122,7 @@ def load_task(folder: Path | str) -> Task:
     gold_patch = None
     gold_path = folder / "solution" / "gold.patch"
     if gold_path.is_file():
-        gold_patch = gold_path.read_text(encoding="utf-8")
+        gold_patch = gold_path.read_bytes().decode("utf-8")  # not read_text: it would turn a hunk's CRLF into LF
         try:
             parse_patch(gold_patch)
         except PatchError as e:
@@ -136,6 +149,133 @@ def load_task(folder: Path | str) -> Task:
         path=folder,
         workdir=workdir,
     )
+
+
+def _starting_repo(folder: Path, data: dict[str, Any], toml_path: Path, task_id: str) -> Path:
+    """The folder the workspace starts from: ``repo/``, or ``[repo]`` base + setup patch materialised."""
+    full = folder / "repo"
+    if "repo" not in data:
+        if not full.is_dir():
+            raise TaskFormatError(full, "", "missing; repo/ (or a [repo] table in task.toml naming a base) is the "
+                                            "starting snapshot copied into the workspace")
+        return full
+    if full.exists():
+        raise TaskFormatError(toml_path, "repo", "the task has both a repo/ folder and a [repo] table; keep one")
+    table = data["repo"]
+    if not isinstance(table, dict):
+        raise TaskFormatError(toml_path, "repo", f"expected a table with {' and '.join(REPO_KEYS)}, got {table!r}")
+    for key in table:
+        if key not in REPO_KEYS:
+            raise TaskFormatError(toml_path, f"repo.{key}", f"unknown key; valid keys: {', '.join(REPO_KEYS)}")
+    base = resolve_base(table.get("base"), folder, toml_path)
+    name = table.get("setup_patch")
+    if name is None:
+        return materialize_repo(base, "")
+    if not isinstance(name, str) or not name or name.startswith("/") or ".." in name.split("/"):
+        raise TaskFormatError(toml_path, "repo.setup_patch",
+                              f"{name!r} must be a path inside the task folder (no '..'), e.g. {SETUP_PATCH!r}")
+    patch_path = folder / name
+    if not patch_path.is_file():
+        raise TaskFormatError(patch_path, "", "missing; task.toml's [repo] setup_patch names it")
+    setup_patch = patch_path.read_bytes().decode("utf-8")  # not read_text: it would turn a hunk's CRLF into LF
+    try:
+        parse_patch(setup_patch)
+    except PatchError as e:
+        raise TaskFormatError(patch_path, "", f"task {task_id!r}: not a valid unified diff: {e}") from None
+    try:
+        return materialize_repo(base, setup_patch)
+    except PatchError as e:
+        raise TaskFormatError(patch_path, "", f"task {task_id!r}: does not apply to base {table['base']!r}: {e}") from None
+
+
+def resolve_base(value: Any, folder: Path, toml_path: Path | None = None) -> Path:
+    """The folder a ``[repo] base`` names. The rule: a value without ``/`` is the name of a built-in
+    source project (``suites/projects/<name>``); a value with ``/`` is a folder relative to the task
+    folder (``../../projects/ledger``). Absolute paths are refused: a task folder must stay movable."""
+    where = toml_path or folder / "task.toml"
+    if not isinstance(value, str) or not value.strip("/.") or value.startswith("/"):
+        raise TaskFormatError(where, "repo.base", f"{value!r} must be a built-in project name or a folder "
+                                                  "relative to the task folder")
+    if "/" not in value:
+        base = PROJECTS_DIR / value
+        if not base.is_dir():
+            known = ", ".join(sorted(p.name for p in PROJECTS_DIR.iterdir() if p.is_dir()))
+            raise TaskFormatError(where, "repo.base", f"{value!r} is not a built-in project; known: {known}")
+        return base
+    base = folder / value
+    if not base.is_dir():
+        raise TaskFormatError(where, "repo.base", f"{value!r} is not a folder (looked at {base.resolve()})")
+    return base
+
+
+def materialize_repo(base: Path, setup_patch: str) -> Path:
+    """The starting repository ``base`` + ``setup_patch`` as a folder in the cache (built once).
+
+    The folder is ``cache_dir()/task-repos/<key>``, the key a hash of the base's files (path, bytes,
+    executable bit: those ``sandbox.patch.list_files`` sees, so caches, ``.git`` and symbolic links of
+    the base are left out of both the key and the copy) and of the patch text. Beside it,
+    ``<key>.sha256`` holds the digest of the finished tree.
+
+    Invariant: a load returns the folder only when it is whole and unchanged. It is built under a
+    temporary name and renamed into place (``io.atomic_directory``), then its digest is written; a
+    crash leaves a hidden temporary folder (removed by the next build) or a folder without a digest,
+    and neither counts as a hit. Every load checks the digest, so a folder someone wrote into (the
+    sandbox only copies it) is rebuilt instead of handed out. A lock file serialises builds, so two
+    loaders never build the same key at once. A patch that does not apply raises ``PatchError`` and
+    caches nothing."""
+    files = list_files(Path(base))
+    key = hashlib.sha256(f"opencomposer task repo v1\0{files_digest(files)}\0".encode() + setup_patch.encode())
+    root = cache_dir() / "task-repos"
+    final = root / key.hexdigest()[:32]
+    stamp = root / f"{final.name}.sha256"
+    if _intact(final, stamp):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _intact(final, stamp):
+            return final
+        for leftover in root.glob(f".{final.name}.tmp*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        try:
+            atomic_directory(final, lambda tmp: _build_repo(tmp, files, setup_patch))  # replaces a damaged one
+        except BaseException:
+            for leftover in root.glob(f".{final.name}.tmp*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            raise
+        atomic_write_text(stamp, files_digest(list_files(final)))
+    return final
+
+
+def _intact(folder: Path, stamp: Path) -> bool:
+    return folder.is_dir() and stamp.is_file() and stamp.read_text() == files_digest(list_files(folder))
+
+
+def files_digest(files: dict[str, Path]) -> str:
+    """A hash of files by relative path (``list_files``): paths, executable bits and bytes."""
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        path = files[rel]
+        digest.update(f"{rel}\0{int(_executable(path))}\0".encode() + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _executable(path: Path) -> bool:
+    return bool(path.stat().st_mode & stat.S_IXUSR)
+
+
+def _build_repo(target: Path, files: dict[str, Path], setup_patch: str) -> None:
+    for rel, source in files.items():
+        path = target / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, path)
+        path.chmod(0o755 if _executable(source) else 0o644)
+    # Only files are copied, so no folder is empty; one the patch empties goes too.
+    for rel in apply_patch(target, setup_patch) if setup_patch else []:
+        folder = (target / rel).parent
+        while folder != target and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
 
 
 def _check_metadata(metadata: Any, file: Path) -> dict[str, Any]:
@@ -254,27 +394,44 @@ def write_task(
     gold_patch: str | None = None,
     rubric: dict[str, Any] | None = None,
     workdir: str = "/workspace",
+    base: str | None = None,
     overwrite: bool = False,
 ) -> Task:
     """Create a task folder (``repo`` and ``hidden_tests`` are folders or {path: text} maps) and
-    load it back, so what is written is always a valid task."""
+    load it back, so what is written is always a valid task.
+
+    ``repo`` is always the whole starting repository. With ``base`` (a ``[repo] base`` value, see
+    ``resolve_base``) it is stored as that base plus ``setup.patch``, the difference written by
+    ``diff_trees``; a ``repo`` the patch cannot reproduce exactly (binary or non-UTF-8 files that
+    differ from the base) raises ``ValueError``."""
     folder = Path(folder)
     if folder.exists():
         if not overwrite:
             raise FileExistsError(f"{folder} already exists; remove it or pass overwrite=True")
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
+    try:
+        setup_patch = None if base is None else _setup_patch(folder, base, repo)
+    except BaseException:
+        shutil.rmtree(folder)
+        raise
     data: dict[str, Any] = {"id": task_id, "test_command": test_command,
                             "protected_paths": list(protected_paths or [])}
     if workdir != "/workspace":
         data["workdir"] = workdir
+    if base is None:
+        _write_files(folder / "repo", repo)
+    else:
+        data["repo"] = {"base": base}
+        if setup_patch:
+            data["repo"]["setup_patch"] = SETUP_PATCH
+            (folder / SETUP_PATCH).write_text(setup_patch, encoding="utf-8")
     data["metadata"] = dict(metadata or {})
     if budgets:
         data["budgets"] = dict(budgets)
     (folder / "task.toml").write_text(dumps_toml(data), encoding="utf-8")
     (folder / "instruction.md").write_text(instruction if instruction.endswith("\n") else instruction + "\n",
                                            encoding="utf-8")
-    _write_files(folder / "repo", repo)
     (folder / "tests").mkdir()
     (folder / "tests" / "tests.json").write_text(
         json.dumps({"FAIL_TO_PASS": fail_to_pass, "PASS_TO_PASS": pass_to_pass}, indent=2) + "\n", encoding="utf-8"
@@ -287,6 +444,20 @@ def write_task(
     if rubric:
         (folder / "rubric.toml").write_text(dumps_toml(rubric), encoding="utf-8")
     return load_task(folder)
+
+
+def _setup_patch(folder: Path, base: str, repo: Path | dict[str, str]) -> str:
+    """The diff from ``base`` to ``repo``, checked to rebuild ``repo`` exactly."""
+    base_dir = resolve_base(base, folder)
+    with tempfile.TemporaryDirectory(prefix="opencomposer-repo-") as tmp:
+        start = Path(tmp) / "repo"
+        _write_files(start, repo)
+        setup_patch = diff_trees(base_dir, start)
+        rebuilt = materialize_repo(base_dir, setup_patch)
+        if files_digest(list_files(rebuilt)) != files_digest(list_files(start)):
+            raise ValueError(f"{folder}: base {base!r} plus a setup patch cannot reproduce the repository (a "
+                             "binary, non-UTF-8 or CRLF file differs from the base); write it as a full repo/")
+    return setup_patch
 
 
 def _write_files(target: Path, source: Path | dict[str, str]) -> None:

@@ -312,7 +312,7 @@ def harbor_task(source: Path, folder: Path, sandbox_config: SandboxConfig | None
             test_command, protected = "python -m pytest -q tests", ["tests"]
         gold = None
         if (source / "solution" / "gold.patch").is_file():
-            gold = (source / "solution" / "gold.patch").read_text(encoding="utf-8")
+            gold = (source / "solution" / "gold.patch").read_bytes().decode("utf-8")  # CRLF hunks kept
         elif run_solution and (source / "solution" / "solve.sh").is_file():
             gold = _solution_patch(repo, source / "solution", workdir, sandbox_config)
         metadata = {k: v for k, v in ours.get("metadata", {}).items()} if exported else {

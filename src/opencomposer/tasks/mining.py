@@ -29,6 +29,7 @@ import json
 import re
 import subprocess
 import tarfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -152,6 +153,15 @@ def mine_commit(repo: Path, sha: str, out: Path, lab: Lab, test_command: str) ->
     return MinedCommit(sha, subject, task_id=task.id, fail_to_pass=task.fail_to_pass)
 
 
+def commits_to_mine(repo: Path, rev: str = "HEAD", limit: int | None = None) -> list[str]:
+    """The commits ``mine`` visits: every one reachable from ``rev``, oldest first; the newest
+    ``limit`` if given."""
+    if not (Path(repo) / ".git").exists():
+        raise MiningError(f"{repo} is not a git repository (no .git); pass the root of a clone")
+    shas = git(Path(repo), "rev-list", "--reverse", "--topo-order", rev).split()
+    return shas[-limit:] if limit is not None else shas
+
+
 def mine(
     repo: Path | str,
     out: Path | str,
@@ -162,17 +172,13 @@ def mine(
     config: TasksConfig | None = None,
     sandbox: SandboxConfig | None = None,
     workers: int = 1,
-    progress: bool = False,
+    on_done: Callable[[MinedCommit], None] | None = None,
 ) -> list[MinedCommit]:
-    """Mine every commit reachable from ``rev`` (oldest first; the newest ``limit`` if given) into
-    task folders under ``out``; returns one record per commit and writes ``mining.json``."""
+    """Mine every commit of ``commits_to_mine(repo, rev, limit)`` into task folders under ``out``;
+    returns one record per commit and writes ``mining.json``. ``on_done(record)`` runs in this
+    thread as each commit is done (the command's progress display)."""
     repo, out = Path(repo), Path(out)
-    if not (repo / ".git").exists():
-        raise MiningError(f"{repo} is not a git repository (no .git); pass the root of a clone")
-    args = ["rev-list", "--reverse", "--topo-order", rev]
-    shas = git(repo, *args).split()
-    if limit is not None:
-        shas = shas[-limit:]
+    shas = commits_to_mine(repo, rev, limit)
     out.mkdir(parents=True, exist_ok=True)
     # A commit may break most tests before its fix (an import it adds): only gold passing and at
     # least one FAIL_TO_PASS matter here, not the generators' share of tests kept green.
@@ -185,16 +191,9 @@ def mine(
         return record
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        if progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            with Progress(TextColumn("[bold]mine"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("tasks {task.fields[kept]}")) as bar:
-                handle = bar.add_task("mine", total=len(shas), kept=0)
-                for _ in pool.map(one, shas):
-                    bar.update(handle, advance=1, kept=sum(r.task_id is not None for r in records.values()))
-        else:
-            list(pool.map(one, shas))
+        for record in pool.map(one, shas):
+            if on_done is not None:
+                on_done(record)
     result = [records[sha] for sha in shas]
     (out / "mining.json").write_text(json.dumps([asdict(r) for r in result], indent=1) + "\n")
     return result

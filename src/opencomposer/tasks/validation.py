@@ -19,6 +19,7 @@ Not here: the format checks of ``tasks check`` (``tasks.format.load_suite`` does
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
@@ -90,28 +91,16 @@ def validate_suite(
     sandbox: SandboxConfig | None = None,
     grading: GradingConfig | None = None,
     workers: int = 1,
-    progress: bool = True,
+    on_done: Callable[[Check], None] | None = None,
 ) -> list[Check]:
-    """``check_task`` for every task, ``workers`` at a time; results in the order of ``tasks``."""
+    """``check_task`` for every task, ``workers`` at a time; results in the order of ``tasks``.
+    ``on_done(check)`` runs in this thread as each task's check finishes (the command's progress)."""
     results: dict[str, Check] = {}
-
-    def run_all(advance) -> None:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(check_task, task, sandbox, grading): task for task in tasks}
-            for future in as_completed(futures):
-                check = future.result()
-                results[check.task_id] = check
-                advance(check)
-
-    if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = (TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("drifted {task.fields[drifted]}"))
-        with Progress(*columns) as bar:
-            handle = bar.add_task("validate", total=len(tasks), drifted=0)
-            run_all(lambda c: bar.update(handle, advance=1,
-                                         drifted=sum(r.drifted for r in results.values())))
-    else:
-        run_all(lambda c: None)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(check_task, task, sandbox, grading): task for task in tasks}
+        for future in as_completed(futures):
+            check = future.result()
+            results[check.task_id] = check
+            if on_done is not None:
+                on_done(check)
     return [results[task.id] for task in tasks]

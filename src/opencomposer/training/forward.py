@@ -26,21 +26,36 @@ import dataclasses
 
 import torch
 
+from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
 from opencomposer.types import TrainBatch
 
 MIN_SHARED_PREFIX = 16  # below this, one extra forward call costs more than it saves
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor,  # [rows, seq, vocab]
+    logits: torch.Tensor,  # [rows, seq, vocab], already divided by the sampling temperature
     target_ids: torch.Tensor,  # [rows, seq]
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # [rows, seq] differentiable, [rows, seq] detached
     """log π(target) at each position, and the entropy of π there (for metrics; no gradient).
-    Half-precision logits are upcast to float32 first; float64 stays float64."""
-    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    logprobs = logp_all.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1)
+
+    π is the distribution the sampler draws from: the softmax of ``logits`` cut by ``top_p`` /
+    ``top_k`` and renormalised (``inference.sampling``, the sampler's own rule). The target always
+    counts as kept: it was sampled, so the sampler kept it, and a target that the trainer's logits
+    put just past the top-p boundary (rounding differences between the two forwards) is scored
+    instead of getting log 0. Half-precision logits are upcast to float32 first; float64 stays
+    float64."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    targets = target_ids.long().unsqueeze(-1)
+    keep = None
+    if truncates(top_p, top_k):
+        keep = kept_tokens(logits, top_p, top_k).scatter_(-1, targets, True)
+    logp_all = truncated_logprobs(logits, keep)
+    logprobs = logp_all.gather(-1, targets).squeeze(-1)
     with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        finite = logp_all if keep is None else torch.where(keep, logp_all, 0.0)  # 0·log 0 = 0
+        entropy = -(logp_all.exp() * finite).sum(-1)
     return logprobs, entropy
 
 
@@ -81,12 +96,15 @@ def token_logprobs(
     bf16: bool = False,
     share_prefix: bool = True,
     temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [rows, seq] (differentiable), [rows, seq] or None
     """log π(target_t) at every position, and the entropy of π there (detached, when asked).
 
-    π is the distribution the sampler draws from before any top-p/top-k cut: the model's logits
-    divided by ``temperature`` (the sampler records its logprobs the same way), so at step 0 the
-    trainer's log π equals the sampler's logprobs whatever the sampling temperature."""
+    π is the distribution the sampler draws from: the model's logits divided by ``temperature``,
+    cut by ``top_p`` / ``top_k`` and renormalised (``token_logprobs_and_entropy``; the sampler
+    records its logprobs by the same rule), so at step 0 the trainer's log π equals the sampler's
+    logprobs whatever the sampling settings."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
     device = next(model.parameters()).device
@@ -107,7 +125,7 @@ def token_logprobs(
         else:
             out = model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=seq - start)
     logits = out.logits if temperature == 1.0 else out.logits / temperature
-    logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, start:])  # [rows, seq - start]
+    logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, start:], top_p, top_k)  # [rows, seq - start]
     full_logprobs = torch.nn.functional.pad(logprobs, (start, 0))
     full_entropy = torch.nn.functional.pad(entropy, (start, 0)) if with_entropy else None
     return full_logprobs, full_entropy
@@ -115,9 +133,11 @@ def token_logprobs(
 
 @torch.no_grad()
 def reference_logprobs(model: torch.nn.Module, batch: TrainBatch, bf16: bool = False,
-                       temperature: float = 1.0) -> torch.Tensor:
-    """log π_ref(target) on ``batch`` (no graph), ``[rows, seq]`` float32 on the CPU."""
-    logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=bf16, temperature=temperature)
+                       temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """log π_ref(target) on ``batch`` (no graph), ``[rows, seq]`` float32 on the CPU, scored by the
+    same rule as the policy (``token_logprobs``), so k1 is 0 where the two policies agree."""
+    logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=bf16, temperature=temperature,
+                                 top_p=top_p, top_k=top_k)
     return logprobs.float().cpu()
 
 

@@ -47,7 +47,7 @@ class ProgressBar:
         if self._rich is not None:
             self._rich.stop()
 
-    def update(self, completed: int, **values: float) -> None:
+    def update(self, completed: int, **values: float | str) -> None:
         """``completed`` items are done; ``values`` fill the status template."""
         text = self.status.format(**values) if values else ""
         if self._rich is not None:

@@ -4,12 +4,15 @@ Token in, token out: it samples a turn from the exact context ids the loop keeps
 sampled ids with their logprobs, routes and the engine's policy version, so the episode can be
 trained on as is. Sampling settings come from the recipe's ``[sampling]``; the per-turn token cap
 is the smaller of ``sampling.max_new_tokens`` and what the episode's budgets leave. Generation is
-serialised with a lock, so one engine can serve parallel episodes.
+serialised with a lock, so one engine can serve parallel episodes; the time a turn waits for that
+lock or in a batching front-end's queue is reported as ``PolicyOutput.wait_s``, which the agent
+loop does not charge to the episode's wall-time budget.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from opencomposer.agent.policy import PolicyError
@@ -43,8 +46,10 @@ class EnginePolicy:
             stop_token_ids=list(self._stop_ids),
             seed=(context.seed * 1_000_003 + context.turn_index) % (1 << 62),
         )
+        asked = time.monotonic()
         try:
             with self._lock:
+                lock_wait = time.monotonic() - asked  # behind another episode's call to this engine
                 completion = self.engine.generate([context.token_ids], params, n=1)[0]
         except (RuntimeError, ValueError) as e:
             raise PolicyError(f"the engine failed to generate: {e}") from e
@@ -57,6 +62,7 @@ class EnginePolicy:
             completion_tokens=len(completion.token_ids),
             prompt_tokens=len(context.token_ids),
             policy_version=completion.policy_version,
+            wait_s=lock_wait + completion.queue_wait_s,
         )
 
 

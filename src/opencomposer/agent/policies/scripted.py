@@ -3,9 +3,12 @@
 ``ScriptedPolicy`` answers turn *i* of an episode with the *i*-th entry of its script: raw text
 (parsed like a model's, so malformed text tests the parser and the ``FormatError`` path) or a list
 of ``ToolCall`` (written in the Hermes format, several = parallel calls). Given a tokenizer it
-returns token ids too (the text's tokens plus the end-of-turn token, logprob 0), so the loop's
-token-level bookkeeping runs exactly as with a model. When the script runs out it calls
-``finish``. Tests drive the real loop, sandbox and grader with it instead of mocks.
+returns token ids too (the text's tokens plus the end-of-turn token), so the loop's token-level
+bookkeeping runs exactly as with a model. Their logprobs are honest, not placeholders: a script
+emits each of its tokens with probability 1, so every logprob is log 1 = 0 (the behaviour policy
+of a scripted episode is deterministic; SFT ignores them, and the loop refuses a token-level
+policy that returns none). When the script runs out it calls ``finish``. Tests drive the real
+loop, sandbox and grader with it instead of mocks.
 
 Built-in scripts: ``oracle_policy`` replays a task's gold patch through the tools (one ``edit``
 per hunk where the hunk's old text is unique, else ``write_file`` of the patched file, ``run rm``
@@ -67,6 +70,7 @@ class ScriptedPolicy:
         if self.tokenizer is None:
             return PolicyOutput(text=text)
         ids = encode(self.tokenizer, text) + [self.tokenizer.convert_tokens_to_ids(IM_END)]
+        # the script's own probability of each token: 1 (see module doc)
         return PolicyOutput(text=text, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
 
 
@@ -84,7 +88,8 @@ def oracle_script(task: Task) -> list[ScriptTurn]:
         if fp.new_path is None:
             calls.append(call("run", command=f"rm -f -- {shlex.quote(fp.old_path)}"))
             continue
-        original = "" if fp.old_path is None else (task.repo / fp.old_path).read_text(encoding="utf-8")
+        # bytes decoded as they are: read_text would turn CRLF into LF, and the gold hunks keep the CR
+        original = "" if fp.old_path is None else (task.repo / fp.old_path).read_bytes().decode("utf-8")
         patched = apply_hunks(original, fp.hunks, fp.path)
         edits = _hunk_edits(original, fp.hunks) if fp.old_path == fp.new_path else None
         if edits is None:

@@ -10,9 +10,11 @@ the test files the agent may see, and the prompt. ``realize`` then
 2. computes FAIL_TO_PASS (pass in gold, not in broken) and PASS_TO_PASS (pass in both) from those
    runs, and rejects the candidate when nothing fails, when the broken state hangs or breaks
    most of the suite (an import error), or when the gold state times out;
-3. writes the task folder (docs/task-format.md) with ``tasks.write_task``: ``repo/`` is the broken
-   code plus the visible tests, ``tests/files/`` every test file whose graded version differs from
-   the visible one, ``solution/gold.patch`` the code-only diff, the test folders protected;
+3. writes the task folder (docs/task-format.md) with ``tasks.write_task``: the starting repository
+   is the broken code plus the visible tests (for a built-in source project, stored as ``[repo] base``
+   plus ``setup.patch``; for a user's repository, as a whole ``repo/``), ``tests/files/`` every test
+   file whose graded version differs from the visible one, ``solution/gold.patch`` the code-only
+   diff, the test folders protected;
 4. verifies the folder through the real grader (``tasks.validation.check_task``: the gold patch
    resolves it, the untouched repository does not, every FAIL_TO_PASS test fails and every
    PASS_TO_PASS test passes there) and checks the repository for traces (bytecode, caches, VCS
@@ -41,7 +43,7 @@ from opencomposer.config import GradingConfig, SandboxConfig, TasksConfig
 from opencomposer.envs.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import file_diff
 from opencomposer.sandbox.workspace import Sandbox
-from opencomposer.tasks.format import write_task
+from opencomposer.tasks.format import PROJECTS_DIR, write_task
 from opencomposer.tasks.generators.source import (
     SourceRepo,
     Tree,
@@ -177,6 +179,13 @@ def code_patch(before: Tree, after: Tree) -> str:
     return "".join(chunks)
 
 
+def builtin_base(source: SourceRepo) -> str | None:
+    """The ``[repo] base`` of tasks made from ``source``: its name when it is a built-in project (the
+    task folder then stores only the change), None for a user's repository (stored whole)."""
+    root = source.root.resolve()
+    return root.name if root.parent == PROJECTS_DIR.resolve() else None
+
+
 def realize(candidate: Candidate, lab: Lab, folder: Path, task_id: str,
             budgets: dict[str, Any] | None = None) -> Task:
     """Run, write and verify ``candidate`` as the task folder ``folder``; ``Rejected`` if it fails."""
@@ -213,10 +222,11 @@ def realize(candidate: Candidate, lab: Lab, folder: Path, task_id: str,
             metadata=metadata,
             budgets=budgets,
             gold_patch=gold_patch,
+            base=builtin_base(source),
             overwrite=True,
         )
     try:
-        traces = find_traces(partial / "repo")
+        traces = find_traces(task.repo)
         if traces:
             raise Rejected(f"the task repository holds traces of code: {traces}")
         check = check_task(task, lab.sandbox, lab.grading)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -174,47 +174,29 @@ def generate(
     *,
     start: int = 0,
     workers: int = 1,
-    progress: bool = True,
+    on_done: Callable[[GenerationResult], None] | None = None,
 ) -> list[GenerationResult]:
     """The first ``count`` tasks of the stream from index ``start`` on (indices that yield no task
-    are skipped and reported), made ``workers`` indices at a time. Writes ``generation.json``."""
+    are skipped and reported), made ``workers`` indices at a time. Writes ``generation.json``.
+    ``on_done(result)`` runs in this thread after each index (the command's progress display)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[GenerationResult] = []
     made = 0
     index = start
 
-    def loop(advance) -> None:
-        nonlocal made, index
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            while made < count and index - start < 4 * count + 8:  # a source that yields nothing ends it
-                wave = list(range(index, index + max(1, min(workers, count - made))))
-                index += len(wave)
-                for result in pool.map(lambda i: factory.make(i, out), wave):
-                    if result.task is not None and made >= count:  # a wave can overshoot; keep exactly count
-                        shutil.rmtree(result.task.path, ignore_errors=True)
-                        continue
-                    results.append(result)
-                    made += result.task is not None
-                    advance(result)
-
-    if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = (TextColumn(f"[bold]{factory.kind}/{factory.split}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("rejected {task.fields[rejected]}"))
-        with Progress(*columns) as bar:
-            handle = bar.add_task("generate", total=count, rejected=0)
-            rejected = 0
-
-            def advance(result: GenerationResult) -> None:
-                nonlocal rejected
-                rejected += sum(bool(a.reason) for a in result.attempts)
-                bar.update(handle, completed=made, rejected=rejected)
-
-            loop(advance)
-    else:
-        loop(lambda result: None)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        while made < count and index - start < 4 * count + 8:  # a source that yields nothing ends it
+            wave = list(range(index, index + max(1, min(workers, count - made))))
+            index += len(wave)
+            for result in pool.map(lambda i: factory.make(i, out), wave):
+                if result.task is not None and made >= count:  # a wave can overshoot; keep exactly count
+                    shutil.rmtree(result.task.path, ignore_errors=True)
+                    continue
+                results.append(result)
+                made += result.task is not None
+                if on_done is not None:
+                    on_done(result)
     write_report(results, out / "generation.json", factory)
     return results
 

@@ -4,8 +4,8 @@ a tree back to disk without leaving traces.
 A generator works on a ``Tree`` (POSIX relative path -> file bytes) read from a Python repository
 with a pytest suite: one of the built-in source projects (``opencomposer/suites/projects``) or any
 folder the user points at. Reading skips version control (``.git``), caches (``__pycache__``,
-``*.pyc``, ``.pytest_cache``, ``.mypy_cache``, ``.ruff_cache``, ...), virtual environments and
-build outputs, so a task repository written from a tree carries no bytecode, no type-checker cache
+``*.pyc``, ``.pytest_cache``, ``.mypy_cache``, ``.ruff_cache``, ...), editor and patch backups
+(``*~``, ``*.orig``, ``*.rej``, ``.*.swp``), virtual environments and build outputs, so a task repository written from a tree carries no bytecode, no type-checker cache
 and no history that could reveal deleted or original code (RECIPE.md §9, the reward hacks).
 
 Not here: running tests (``envs.testrun``), editing code (``generators.edits``).
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import opencomposer
+from opencomposer.envs.integrity import TEST_DIR_NAMES, is_test_path
 from opencomposer.sandbox.patch import IGNORED_NAMES, IGNORED_SUFFIXES
 
 Tree = dict[str, bytes]
 
 PROJECTS_DIR = Path(opencomposer.__file__).parent / "suites" / "projects"
-TEST_DIR_NAMES = frozenset({"tests", "test", "testing"})
 # Never part of a task repository: history, caches of tools that could hold the original code,
 # environments and build outputs.
 SKIPPED_NAMES = IGNORED_NAMES | frozenset(
@@ -35,7 +35,7 @@ SKIPPED_SUFFIXES = IGNORED_SUFFIXES + (".egg-info", ".so", ".pyd")
 # Left in a repository, these let an agent read back code it was asked to write.
 TRACE_NAMES = frozenset({"__pycache__", ".mypy_cache", ".pytype", ".pyre", ".ruff_cache", ".pytest_cache",
                          ".hypothesis", ".git", ".hg", ".svn", ".dmypy.json"})
-TRACE_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+TRACE_SUFFIXES = IGNORED_SUFFIXES + (".egg-info",)  # bytecode, editor and patch backups
 
 
 class SourceError(ValueError):
@@ -44,16 +44,6 @@ class SourceError(ValueError):
 
 def is_skipped(rel: str) -> bool:
     return any(part in SKIPPED_NAMES or part.endswith(SKIPPED_SUFFIXES) for part in rel.split("/"))
-
-
-def is_test_path(rel: str) -> bool:
-    """Test files and test infrastructure: anything under a ``tests``/``test`` folder, and
-    ``test_*.py``, ``*_test.py`` and ``conftest.py`` anywhere."""
-    path = PurePosixPath(rel)
-    if any(part in TEST_DIR_NAMES for part in path.parts[:-1]):
-        return True
-    name = path.name
-    return name == "conftest.py" or (name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")))
 
 
 def read_tree(root: Path) -> Tree:

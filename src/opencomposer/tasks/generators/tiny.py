@@ -9,14 +9,16 @@ in the instruction exactly as they appear inside the tool call's JSON arguments.
 Three families:
 
 - ``tiny``: the word and the file are always ``node`` and ``out.txt``; only the phrasing of the
-  request changes (twelve phrasings; the ``heldout`` split uses three that training never shows).
+  request changes (28 phrasings; the ``heldout`` split uses eight that training never shows, which
+  leaves 20 for training).
   What a model has to learn is the harness's tool-call turn, token for token, and to keep doing it
   whatever the phrasing. A randomly initialised tiny MoE learns it in 145-160 SFT steps of 16
   episodes (recipes/rl-tiny.toml; docs/LOG.md has what RL then does with it).
-- ``tiny-composed``: the same word and file, but 72 phrasings composed from parts (six verbs, two
-  ways each to name the word and the file, three closings); one combination in four is held out,
-  so a held-out phrasing is a new combination of parts that training shows. Built so that what
-  RL fixes on training phrasings can carry over to held-out ones (docs/LOG.md).
+- ``tiny-composed``: the same word and file, but 160 phrasings composed from parts (eight verbs,
+  two ways each to name the word and the file, five closings); one combination in four is held
+  out (48, leaving 112 for training), so a held-out phrasing is a new combination of parts that
+  training shows. Built so that what RL fixes on training phrasings can carry over to held-out
+  ones (docs/LOG.md).
 - ``tiny-words``: sixteen words × four files × three phrasings; the splits are disjoint
   combinations. Here the model must copy the word and the file name out of the instruction. We
   measured that a randomly initialised tiny MoE does not learn that copy in minutes behind the
@@ -26,6 +28,8 @@ Three families:
 
 Task ``i`` of a split is a pure function of (family, seed, split, i): the same seed gives the same
 tasks on every machine; each round through a split's combinations is a fresh seeded permutation.
+The first round (``split_size`` tasks) holds every combination once: it is all that RL's single
+epoch may take (``rl.tasks``); later rounds repeat prompts and serve only SFT's demonstrations.
 ``write_tiny_suite`` verifies every task it writes through the real grader (the gold change
 resolves it, the untouched workspace does not).
 
@@ -63,16 +67,33 @@ PHRASINGS = (
     'I need "{word}" written to "{file}".',
     'Fill "{file}" with the word "{word}".',
     'Record "{word}" in "{file}".',
+    'Write "{word}" in "{file}".',
+    'Create "{file}" with "{word}" as its only content.',
+    'Place the word "{word}" into a file named "{file}".',
+    'Your task: write "{word}" to "{file}".',
+    'Put "{word}" into the file "{file}".',
+    'Create a new file "{file}" that contains "{word}".',
+    'Write a file called "{file}" containing "{word}".',
+    'Make "{file}" contain the word "{word}".',
+    'Save the word "{word}" in "{file}".',
+    'Could you write "{word}" to "{file}"?',
+    'The word "{word}" belongs in the file "{file}".',
+    'Set the content of "{file}" to "{word}".',
+    'Write the text "{word}" into "{file}".',
+    'Store "{word}" in "{file}".',
+    'Please put the word "{word}" in "{file}".',
+    'Create "{file}" and write "{word}" in it.',
 )
 
 
 def _composed_phrasings() -> tuple[str, ...]:
     """Requests built from parts (verb, how the word and the file are named, closing): every part
     appears in many phrasings, so a held-out phrasing is a new combination of familiar parts."""
-    verbs = (("Write", "to"), ("Put", "in"), ("Save", "into"), ("Store", "in"), ("Place", "in"), ("Record", "in"))
+    verbs = (("Write", "to"), ("Put", "in"), ("Save", "into"), ("Store", "in"), ("Place", "in"), ("Record", "in"),
+             ("Add", "to"), ("Insert", "into"))
     words = ('the word "{word}"', '"{word}"')
     files = ('the file "{file}"', '"{file}"')
-    closings = (".", ", please.", " now.")
+    closings = (".", ", please.", " now.", " for me.", ", thanks.")
     return tuple(f"{verb} {w} {prep} {f}{c}" for verb, prep in verbs for w in words for f in files for c in closings)
 
 
@@ -107,7 +128,7 @@ class TinyFamily:
 
 FAMILIES = {
     "tiny": TinyFamily("tiny", words=("node",), files=("out.txt",), phrasings=tuple(range(len(PHRASINGS))),
-                       heldout_phrasings=(4, 9, 11)),
+                       heldout_phrasings=(4, 9, 11, 15, 19, 22, 23, 27)),
     "tiny-composed": TinyFamily("tiny-composed", words=("node",), files=("out.txt",),
                                 phrasings=tuple(range(len(COMPOSED))), heldout_share=4, templates=COMPOSED),
     "tiny-words": TinyFamily(
@@ -148,6 +169,12 @@ class TinySpec:
     @property
     def instruction(self) -> str:
         return family(self.family).templates[self.phrasing].format(word=self.word, file=self.file)
+
+
+def split_size(split: Split, family_name: str = "tiny") -> int:
+    """Distinct tasks of ``split``: tasks ``0 .. split_size - 1`` are its combinations, each once
+    (RL's single epoch takes no more; SFT demonstrations may go round again)."""
+    return len(family(family_name).combinations(split))
 
 
 def tiny_spec(seed: int, split: Split, index: int, family_name: str = "tiny") -> TinySpec:

@@ -1,3 +1,0 @@
-"""A command-line ledger of income and expenses kept in a JSON file."""
-
-__version__ = "0.3.1"
