@@ -74,7 +74,9 @@ def test_logprobs_and_routes_match_a_fresh_forward(model_and_prompts):
         got = completion.routed_experts
         assert got.dtype == np.uint8 and got.shape == (len(targets), *routes.shape[1:])
         assert np.array_equal(got, routes[len(prompt):].numpy())
-    assert worst <= 1e-4
+    # float32 rounding of a cached decode against one full forward; the renormalisation over the
+    # top-p set adds the rounding of a log-sum-exp (DeepSeek's cached path measured 1.2e-4)
+    assert worst <= 2e-4
 
 
 def test_same_seed_same_samples_other_seed_other_samples(tiny_moe):
