@@ -382,7 +382,8 @@ def _split_unquoted(rest: str) -> tuple[str, str]:
             return rest[:at], name
     half = (len(rest) - 1) // 2
     old, new = rest[:half], rest[half + 1 :]
-    if len(rest) % 2 and rest[half] == " " and (old == new or (old[:2], new[:2]) == ("a/", "b/") and old[2:] == new[2:]):
+    same = old == new or ((old[:2], new[:2]) == ("a/", "b/") and old[2:] == new[2:])
+    if len(rest) % 2 and rest[half] == " " and same:
         return old, new
     at = rest.find(" b/")
     if at < 0:
