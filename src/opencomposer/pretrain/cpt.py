@@ -25,7 +25,7 @@ import torch
 
 from opencomposer.config import Config, PretrainConfig, to_toml
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
-from opencomposer.training.device import resolve_device
+from opencomposer.model.device import resolve_device
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from opencomposer.config import Config, ConfigError, SFTConfig, to_toml
-from opencomposer.training.device import resolve_device
+from opencomposer.model.device import resolve_device
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar

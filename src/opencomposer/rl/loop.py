@@ -35,6 +35,7 @@ import torch
 
 from opencomposer.config import Config, ConfigError, ModelConfig, to_toml
 from opencomposer.io import atomic_directory, atomic_write_text
+from opencomposer.model.device import resolve_device
 from opencomposer.rl.checkpoint import (
     RunState,
     TaskRecord,
@@ -43,7 +44,6 @@ from opencomposer.rl.checkpoint import (
     remove_partial,
     save_training_checkpoint,
 )
-from opencomposer.training.device import resolve_device
 from opencomposer.training.metrics import MetricsLog, read_metrics
 from opencomposer.training.progress import ProgressBar
 from opencomposer.types import Group

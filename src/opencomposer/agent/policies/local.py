@@ -70,14 +70,10 @@ def local_policy(argument: str, config: Config) -> EnginePolicy:
     """``local`` uses the recipe's model; ``local:PATH`` a checkpoint folder."""
     from opencomposer.inference import LocalEngine
     from opencomposer.model import load_model
+    from opencomposer.model.device import resolve_device
 
     spec = argument or config.model
-    device = config.run.device if config.run.device != "auto" else None
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model(spec, seed=config.run.seed, device=device)
+    model, tokenizer = load_model(spec, seed=config.run.seed, device=resolve_device(config.run.device))
     engine = LocalEngine(model, tokenizer)
     name = f"local:{argument}" if argument else f"local:{config.model.kind}"
     return EnginePolicy(engine, tokenizer, config.sampling, name=name)

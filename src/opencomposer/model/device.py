@@ -2,7 +2,7 @@
 
 ``"auto"`` takes the GPU when torch sees one and the CPU otherwise; ``"cuda"`` insists on the GPU
 and stops with an error when there is none, rather than quietly training on the CPU for hours;
-``"cpu"`` is always the CPU. Pretraining, SFT and RL all resolve it here.
+``"cpu"`` is always the CPU. Pretraining, SFT, RL and the local policy (evaluation, serving) all resolve it here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opencomposer.config import ConfigError
-from opencomposer.training.device import resolve_device
+from opencomposer.model.device import resolve_device
 
 
 @pytest.mark.parametrize("cuda_present", [True, False])
