@@ -124,9 +124,11 @@ def test_summary_reports_the_share_of_tampered_episodes_and_reads_rows_from_befo
     tampered = {**_grade_fields(False, 3), "tampered": 1.0}
     older = {k: v for k, v in _grade_fields(True, 2).items() if k != "tampered"}  # a results.jsonl of before
     rows = [{"task_id": "a", "status": "ok", **tampered}, {"task_id": "b", "status": "ok", **older},
-            {"task_id": "c", "status": "ok", **_grade_fields(False, 1)}, {"task_id": "c", "status": "infra_error"}]
+            {"task_id": "c", "status": "ok", **_grade_fields(False, 1), "diff_round_trip_failed": 1.0},
+            {"task_id": "c", "status": "infra_error"}]
     summary = summarize(rows)
     assert (summary["tampered_rate"], summary["resolved"]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
+    assert summary["diff_round_trip_failures"] == 1  # a harness bug shows in the summary, not only in logs
 
 
 def test_summary_averages_passes_per_task_and_excludes_infra_errors():

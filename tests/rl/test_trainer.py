@@ -257,5 +257,7 @@ def test_step_metrics_count_tampered_episodes_beside_resolved_ones():
     episodes = [episode(rng, 1.0), episode(rng, 0.0), episode(rng, 0.0), episode(rng, 0.0, EpisodeStatus.INFRA_ERROR)]
     for ep in episodes[1:3] + episodes[3:]:
         ep.grade = dataclasses.replace(ep.grade, tampered=True)
+    episodes[0].grade = dataclasses.replace(episodes[0].grade, diff_round_trip_failed=True)
     metrics = Trainer._reward_metrics(episodes)
     assert (metrics["resolved_rate"], metrics["tampered_rate"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3))
+    assert metrics["diff_round_trip_failures"] == 1.0

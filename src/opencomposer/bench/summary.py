@@ -76,6 +76,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "resolved": resolved,
         "resolved_ci95": [low, high],
         "tampered_rate": _mean([float(g.tampered) for g in grades]),  # graded 0 for tampering with the tests
+        "diff_round_trip_failures": sum(g.diff_round_trip_failed for g in grades),  # harness bugs
         "fail_to_pass": _mean([g.fail_to_pass for g in grades]),
         "pass_to_pass": _mean([g.pass_to_pass for g in grades]),
         "lines_changed": _mean([g.lines_changed for g in grades]),
@@ -121,6 +122,7 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
         ("budget stops", str(summary["timeouts"])),
         ("resolved", f"{summary['resolved']:.3f}  [{low:.3f}, {high:.3f}] 95% CI"),
         ("tampered with the tests (scored 0)", f"{summary.get('tampered_rate', 0.0):.3f}"),
+        ("diffs that failed to round-trip (harness bug)", str(summary.get("diff_round_trip_failures", 0))),
         ("fail→pass / pass→pass", f"{summary['fail_to_pass']:.3f} / {summary['pass_to_pass']:.3f}"),
         ("lines / files changed", f"{summary['lines_changed']:.1f} / {summary['files_changed']:.2f}"),
         ("todo / comment lines / lint added",
