@@ -18,13 +18,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-import opencomposer
 from opencomposer.envs.integrity import TEST_DIR_NAMES, is_test_path
 from opencomposer.sandbox.patch import IGNORED_NAMES, IGNORED_SUFFIXES
+from opencomposer.tasks.format import PROJECTS_DIR
 
 Tree = dict[str, bytes]
 
-PROJECTS_DIR = Path(opencomposer.__file__).parent / "suites" / "projects"
 # Never part of a task repository: history, caches of tools that could hold the original code,
 # environments and build outputs.
 SKIPPED_NAMES = IGNORED_NAMES | frozenset(
