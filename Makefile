@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,ray]"
 	touch $(STAMP)
 
 # The sandbox needs bubblewrap and the suite tests git (gold patches are applied with git apply);
@@ -54,7 +54,7 @@ test-all: setup
 # The benchmarks compare with peers the tests do not need (TRL): the `bench` extra, on top of dev.
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PIP) install -q -e ".[dev,bench]"
+	$(PIP) install -q -e ".[dev,ray,bench]"
 	touch $(BENCH_STAMP)
 
 bench: setup $(BENCH_STAMP)

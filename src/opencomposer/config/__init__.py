@@ -32,6 +32,7 @@ from opencomposer.config.rl import (
 from opencomposer.config.run import RunConfig
 from opencomposer.config.sandbox import SandboxConfig
 from opencomposer.config.section import ConfigError
+from opencomposer.config.services import ServicesConfig
 from opencomposer.config.tasks import TasksConfig
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "SFTConfig",
     "SamplingConfig",
     "SandboxConfig",
+    "ServicesConfig",
     "TasksConfig",
     "TokenizerConfig",
     "apply_override",

@@ -15,6 +15,7 @@ from opencomposer.config.rl import RLConfig
 from opencomposer.config.run import RunConfig
 from opencomposer.config.sandbox import SandboxConfig
 from opencomposer.config.section import ConfigError, Section
+from opencomposer.config.services import ServicesConfig
 from opencomposer.config.tasks import TasksConfig
 
 
@@ -35,6 +36,7 @@ class Config(Section):
     grading: GradingConfig = field(default_factory=GradingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    services: ServicesConfig = field(default_factory=ServicesConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
 

@@ -246,6 +246,19 @@ class RLConfig(Section):
     after the last checkpoint; their tasks count as trained only once a checkpoint holds them."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk (oldest deleted first)."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: sampling waits for training and training for sampling (``rl.loop``). ``async``:
+    the four services run at once (``opencomposer.services``; ``[services]``, docs/services.md),
+    sampling for later steps while the trainer trains, within ``max_staleness``."""
+    max_staleness: int = 1
+    """Async only: no token trained at version t was sampled by a version older than
+    t - max_staleness. 0 reproduces the synchronous loop exactly (the same rollouts and weights)."""
+    stale_policy: Literal["wait", "drop", "recompute"] = "wait"
+    """Async only: how the bound is kept. ``wait``: groups are admitted only as far ahead as the
+    bound allows and trained in admission order, so none can exceed it (a slow group holds the
+    step back). ``drop``: steps take groups as they finish; one that would exceed the bound is
+    recorded as dropped. ``recompute``: such a group is sampled again at the current version.
+    Dropped and recomputed groups are counted in the train metrics."""
     rollout_workers: int = 0
     """Episodes run at once (threads, each with its own sandbox; their model calls are batched);
     0 runs a whole step, B × G episodes, at once. Their commands (tool calls, grading) still run
@@ -272,6 +285,8 @@ class RLConfig(Section):
             raise ConfigError(f"rl.micro_batch_tokens: must be at least 64, got {self.micro_batch_tokens}")
         if self.rollout_workers < 0:
             raise ConfigError(f"rl.rollout_workers: must be >= 0 (0 = the whole step), got {self.rollout_workers}")
+        if self.max_staleness < 0:
+            raise ConfigError(f"rl.max_staleness: must be >= 0, got {self.max_staleness}")
         if self.task_family and (self.train_tasks or self.eval_suite):
             raise ConfigError(
                 f"rl.task_family = {self.task_family!r} generates the tasks; leave rl.train_tasks and "

@@ -1,0 +1,61 @@
+"""``[services]``: how ``opencomposer rl`` with ``rl.mode = "async"`` runs its four services
+(inference, environments, trainer, evaluation; ``opencomposer.services``, docs/services.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from opencomposer.config.section import ConfigError, Section
+
+
+@dataclass
+class ServicesConfig(Section):
+    section = "services"
+
+    backend: Literal["embedded", "ray"] = "embedded"
+    """``embedded``: the services are threads of one process (the default; a laptop). ``ray``:
+    inference, environment workers and evaluation are Ray actors and ready groups travel through
+    the object store; the trainer is the driver (``services.ray_backend``; the ``ray`` extra)."""
+    env_workers: int = 0
+    """Environment workers: groups rolled out at once, each worker running the G episodes of one
+    task (sandbox, agent loop, grading). 0: ``rl.batch_tasks``, one step's worth."""
+    weight_store: str = ""
+    """Where the trainer publishes every policy version (``services.weights.WeightStore``): a
+    folder or any fsspec URL. Empty: ``{run}/weights``."""
+    full_every: int = 10
+    """A full snapshot every N versions, lossless deltas in between (shorter chains to rebuild,
+    more bytes)."""
+    keep_versions: int = 0
+    """Versions kept in the weight store after each publish (older chains are pruned, never the
+    chain of a kept version); 0 keeps every version."""
+    heartbeat_s: float = 0.5
+    """How often each worker reports that it is alive."""
+    worker_timeout_s: float = 5.0
+    """A worker silent this long is declared dead: its episodes are infrastructure failures and
+    are retried on another worker."""
+    episode_timeout_s: float = 0.0
+    """An episode running longer than this (wall clock, a hung sandbox) is abandoned as an
+    infrastructure failure and retried; 0: no limit beyond the task's own budgets."""
+    max_retries: int = 2
+    """Times an episode that ended in an infrastructure failure (worker died, sandbox hung, grader
+    crashed) is run again, same seed, before it stays unscored."""
+    ray_address: str = ""
+    """Ray cluster to join (``ray.init(address=...)``); empty starts a local one for the run."""
+    ray_num_cpus: int = 0
+    """CPUs of the local Ray cluster; 0 lets Ray count them."""
+
+    def validate(self) -> None:
+        if self.env_workers < 0:
+            raise ConfigError(f"services.env_workers: must be >= 0 (0 = rl.batch_tasks), got {self.env_workers}")
+        if self.full_every < 1:
+            raise ConfigError(f"services.full_every: must be >= 1, got {self.full_every}")
+        if self.keep_versions < 0 or self.max_retries < 0 or self.ray_num_cpus < 0:
+            raise ConfigError("services.keep_versions, services.max_retries and services.ray_num_cpus: must be >= 0")
+        if self.heartbeat_s <= 0 or self.worker_timeout_s <= self.heartbeat_s:
+            raise ConfigError(
+                f"services.heartbeat_s ({self.heartbeat_s}) must be > 0 and below services.worker_timeout_s "
+                f"({self.worker_timeout_s})"
+            )
+        if self.episode_timeout_s < 0:
+            raise ConfigError(f"services.episode_timeout_s: must be >= 0 (0 = none), got {self.episode_timeout_s}")
