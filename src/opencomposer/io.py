@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,14 +35,19 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old file or
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename: readers see the old file or
     the new one, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
+    tmp.write_bytes(data)
     fsync_path(tmp)
     os.replace(tmp, path)
     fsync_path(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``atomic_write_bytes`` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode())
 
 
 def atomic_directory(final: Path, write: Callable[[Path], Any]) -> Path:

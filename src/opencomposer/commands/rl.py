@@ -1,5 +1,6 @@
-"""``opencomposer rl``: the synchronous RL loop in the agent harness (``rl.loop``); a rerun resumes the
-run folder's newest checkpoint."""
+"""``opencomposer rl``: RL in the agent harness, synchronous (``rl.loop``) or with the asynchronous
+services (``rl.mode = "async"``, ``services.async_rl``); a rerun resumes the run folder's newest
+checkpoint."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ from opencomposer.config import load_recipe
 
 
 def main(args: argparse.Namespace) -> int:
-    from opencomposer.rl.loop import run_rl
+    config = load_recipe(args.recipe, args.overrides)
+    if config.rl.mode == "async":
+        from opencomposer.services.async_rl import run_async
 
-    summary = run_rl(load_recipe(args.recipe, args.overrides))
+        summary = run_async(config)
+    else:
+        from opencomposer.rl.loop import run_rl
+
+        summary = run_rl(config)
     first, last = summary.first_eval, summary.last_eval
     line = f"{summary.steps} steps in {summary.seconds:.0f} s; run folder {summary.run_dir}"
     if first and last:

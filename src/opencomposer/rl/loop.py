@@ -130,17 +130,21 @@ class RLRun:
             self.trainer.load_state_dict(trainer_state)
             self._check_stream_matches_record(checkpoint)
         atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
-        from opencomposer.inference.batching import BatchingEngine
-        from opencomposer.inference.local import LocalEngine
-
-        engine = LocalEngine(copy.deepcopy(self.model).eval(), self.tokenizer, policy_version=self.state.step)
-        self.batcher = BatchingEngine(engine)
+        self.batcher = self._sampler()
         from opencomposer.envs.grading import GradeCache, grade
 
         self.grades = GradeCache() if config.grading.cache else None
         self.grader = self.grades.grade if self.grades else grade
         self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None)
         self.evaluations = self._logged_evaluations() if checkpoint else []
+
+    def _sampler(self) -> Any:
+        """The batching sampler every episode of a step shares, at the run's policy version."""
+        from opencomposer.inference.batching import BatchingEngine
+        from opencomposer.inference.local import LocalEngine
+
+        return BatchingEngine(LocalEngine(copy.deepcopy(self.model).eval(), self.tokenizer,
+                                          policy_version=self.state.step))
 
     def _check_stream_matches_record(self, checkpoint: Path) -> None:
         """Refuse to resume when the recipe now yields another task stream than the one the
