@@ -35,8 +35,7 @@ def test_admission_runs_at_most_staleness_steps_ahead(staleness: int):
     assert admit_all(r) == []  # scored but not trained still counts against the bound
     slots = r.next_batch(0, timeout=0)
     assert [s.index for s in slots] == [0, 1]
-    r.consumed(slots, {0: True, 1: True})
-    r.publish(1)
+    r.publish(1, slots, {0: True, 1: True})
     assert admit_all(r) == [2 * (staleness + 1), 2 * (staleness + 1) + 1]
 
 
@@ -58,8 +57,7 @@ def test_drop_takes_ready_groups_and_drops_stale_ones():
     r.scored(2, group(2, 0))
     slots = r.next_batch(0, timeout=0)
     assert [s.index for s in slots] == [1, 2]  # not held back by group 0
-    r.consumed(slots, {1: True, 2: True})
-    r.publish(1)
+    r.publish(1, slots, {1: True, 2: True})
     r.publish(2)
     r.scored(3, group(3, 1))  # staleness 1 at step 2: within the bound
     r.scored(0, group(0, 0))  # staleness 2 at step 2: beyond it
@@ -104,7 +102,6 @@ def test_end_of_stream_gives_a_short_last_batch_then_done():
         for i in admit_all(r):
             r.scored(i, group(i, step))
         slots = r.next_batch(step, timeout=0)
-        r.consumed(slots, {s.index: True for s in slots})
-        r.publish(step + 1)
+        r.publish(step + 1, slots, {s.index: True for s in slots})
     assert [s.state for s in r.slots.values()] == ["trained"] * 3
     assert r.done()

@@ -230,8 +230,8 @@ class AsyncRLRun(RLRun):
                             worker = self.services.new_worker(next(worker_ids))
                             reconciler.requeue(slot.index, f"worker {worker.worker_id} died")
                             break
-                if group is None:
-                    continue
+                if group is None or self._stop.is_set():
+                    continue  # a stopped run (or a killed trainer's process) keeps nothing
                 self.groups.save(StoredGroup(slot.index, task.id, slot.admitted_version, slot.attempts, group))
                 reconciler.scored(slot.index, group)
         finally:
@@ -334,7 +334,7 @@ class AsyncRLRun(RLRun):
         state.trained += records + stale
         self._recorded |= {r.index for r in records + stale}
         state.cursor = max(state.cursor, self.reconciler.high_water)
-        self.reconciler.consumed(slots, {r.index: r.status == "trained" for r in records})
+        self._consumed = (slots, {r.index: r.status == "trained" for r in records})  # freed when published
         self._write_rollouts(groups)
         stats = self.reconciler.stats
         metrics = {
@@ -364,7 +364,7 @@ class AsyncRLRun(RLRun):
         state_dict = self._state_dict()
         self.store.publish(state_dict, self.state.step)
         self.services.inference.load_weights(state_dict, self.state.step)
-        self.reconciler.publish(self.state.step)
+        self.reconciler.publish(self.state.step, *self._consumed)
 
     def checkpoint(self) -> Path:
         path = super().checkpoint()

@@ -215,15 +215,13 @@ class Reconciler:
         want = min(self.batch, self._remaining())
         return [self.slots[i] for i in self.order if self.slots[i].state == "scored"][:want]
 
-    def consumed(self, slots: list[Slot], trained: dict[int, bool]) -> None:
-        """After a step: each slot is ``trained`` or ``dropped`` (``trained[index]`` False)."""
+    def publish(self, version: int, slots: list[Slot] = (), trained: dict[int, bool] | None = None) -> None:
+        """Version ``version`` is out; the step that made it consumed ``slots``, each ``trained`` or
+        ``dropped`` (``trained[index]`` False). Both change at once, so the slots a step frees are
+        refilled by groups the new version samples, never the old one."""
         with self._cond:
             for slot in slots:
-                slot.state = "trained" if trained[slot.index] else "dropped"
-            self._cond.notify_all()
-
-    def publish(self, version: int) -> None:
-        with self._cond:
+                slot.state = "trained" if (trained or {}).get(slot.index, True) else "dropped"
             self.version = version
             self._cond.notify_all()
 
