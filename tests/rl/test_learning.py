@@ -32,14 +32,31 @@ def decoy_share(rollouts: Path) -> float:
 
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_rl_raises_the_heldout_pass_rate_of_an_imperfectly_taught_model(tmp_path: Path, seed: int):
+    check_learning(tmp_path, seed)
+
+
+@pytest.mark.slow
+def test_async_rl_with_staleness_one_raises_the_heldout_pass_rate(tmp_path: Path):
+    """The same recipe on the asynchronous services (sampling one version ahead of training)."""
+    summary = check_learning(tmp_path, 0, "rl.mode=async", "rl.max_staleness=1")
+    rows = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [row for row in rows if row["kind"] == "train"]
+    assert max(row["staleness_max"] for row in train) == 1  # it did sample ahead
+    from opencomposer.rl.report import draw_report
+
+    assert (summary.run_dir / "report" / "staleness.png") in draw_report(summary.run_dir)
+
+
+def check_learning(tmp_path: Path, seed: int, *overrides: str):
     from opencomposer.pretrain.sft import run_sft
     from opencomposer.rl.loop import run_rl
+    from opencomposer.services.async_rl import run_async
 
     sft_dir = tmp_path / "sft"
     config = load_recipe(RECIPE, [f"run.out_dir={tmp_path}", f"run.seed={seed}", f"sft.out={sft_dir}",
-                                  f"model.path={sft_dir}"])
+                                  f"model.path={sft_dir}", *overrides])
     run_sft(config, progress=False)
-    summary = run_rl(config, progress=False)
+    summary = (run_async if config.rl.mode == "async" else run_rl)(config, progress=False)
 
     first, last = summary.first_eval, summary.last_eval
     assert first["step"] == 0 and last["step"] == config.rl.steps
@@ -54,3 +71,4 @@ def test_rl_raises_the_heldout_pass_rate_of_an_imperfectly_taught_model(tmp_path
     early = sum(decoy_share(rollouts / f"step-{s:06d}.jsonl") for s in range(1, 5)) / 4
     late = sum(decoy_share(rollouts / f"step-{s:06d}.jsonl") for s in range(config.rl.steps - 3, config.rl.steps + 1)) / 4
     assert late < early, (early, late)
+    return summary

@@ -120,19 +120,28 @@ def test_faults_leave_a_finished_run_and_an_exactly_once_record(tmp_path: Path):
 
 
 def test_a_killed_trainer_resumes_from_its_checkpoint_and_the_group_checkpoints(tmp_path: Path):
+    """Killed after step 4, before its checkpoint: the newest checkpoint is step 2, and version 3
+    was published without one. The resume cuts the weight store back to version 2, trains the
+    groups that were checkpointed and that version 3 did not sample, and samples the rest again."""
     from opencomposer.services.async_rl import run_async
     from opencomposer.services.faults import Fault, FaultPlan, TrainerKilled
+    from opencomposer.services.weights import WeightStore
 
-    config = config_for(tmp_path, "crash", "rl.steps=3", "rl.checkpoint_every=1", "rl.mode=async", "rl.max_staleness=1")
-    plan = FaultPlan([Fault("kill_trainer", after=2)])
-
+    config = config_for(tmp_path, "crash", "rl.steps=4", "rl.checkpoint_every=2", "rl.mode=async",
+                        "rl.max_staleness=1")
     with pytest.raises(TrainerKilled):
-        run_async(config, progress=False, faults=plan)
+        run_async(config, progress=False, faults=FaultPlan([Fault("kill_trainer", after=4)]))
     run_dir = config.run.path
-    waiting = sorted(int(p.stem) for p in (run_dir / "groups").glob("*.pkl"))
-    assert waiting, "groups sampled ahead were checkpointed"
+    assert WeightStore(run_dir / "weights").versions() == [0, 1, 2, 3]
+    assert list((run_dir / "groups").glob("*.pkl")), "groups sampled ahead were checkpointed"
     runs = []
     run_async(config, progress=False, on_run=runs.append)
-    assert runs[0].reconciler.stats.restored >= 1
-    assert_exactly_once(run_dir, 6)
-    assert [row["step"] for row in train_rows(run_dir)] == [1, 2, 3]
+    run = runs[0]
+    assert run.resumed_from.name == "step-000002"
+    assert run.reconciler.stats.restored + run.lost_version_groups >= 2
+    assert_exactly_once(run_dir, 8)
+    assert [row["step"] for row in train_rows(run_dir)] == [1, 2, 3, 4]
+    store = WeightStore(run_dir / "weights")
+    assert store.versions() == [0, 1, 2, 3, 4]
+    final = run.model.state_dict()
+    assert all(torch.equal(final[name], tensor) for name, tensor in store.load(4).items())

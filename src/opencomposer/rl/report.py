@@ -3,7 +3,8 @@
 Panels (one PNG each under ``{run}/report/``, and all of them in ``{run}/report.png``):
 reward (training mean, held-out mean), pass rate (training resolved rate, held-out pass@1 and
 best-of-K), loss, KL (to the reference, and sampler-vs-trainer mismatch), entropy, lengths
-(model tokens and turns per episode) and the named reward terms. A metric the run never logged is
+(model tokens and turns per episode), the named reward terms and, for async runs, staleness (mean,
+max, and the share of trained tokens at each staleness: the histogram per step). A metric the run never logged is
 left out of its panel; a panel with nothing to draw is skipped.
 """
 
@@ -52,7 +53,27 @@ def panel_lines(rows: list[dict]) -> dict[str, list[tuple[str, list[int], list[f
               for name, lines in PANELS.items()}
     terms = sorted({key for row in rows if row.get("kind") == "train" for key in row if key.startswith("reward/")})
     panels["reward_terms"] = [(term.removeprefix("reward/"), *series(rows, "train", term)) for term in terms]
+    panels["staleness"] = [(label, *series(rows, "train", metric)) for metric, label in
+                           (("staleness_mean", "mean (versions)"), ("staleness_max", "max"))]
+    panels["staleness"] += staleness_shares(rows)
     return {name: [line for line in lines if line[1]] for name, lines in panels.items()}
+
+
+def staleness_shares(rows: list[dict]) -> list[tuple[str, list[int], list[float]]]:
+    """One line per staleness value k: the share of a step's trained tokens sampled k versions
+    behind (from the ``staleness_hist/k`` counts of the train rows)."""
+    train = [row for row in rows if row.get("kind") == "train" and any(k.startswith("staleness_hist/") for k in row)]
+    values = sorted({int(k.split("/")[1]) for row in train for k in row if k.startswith("staleness_hist/")})
+    lines = []
+    for value in values:
+        steps, shares = [], []
+        for row in train:
+            total = sum(v for k, v in row.items() if k.startswith("staleness_hist/"))
+            if total:
+                steps.append(row["step"])
+                shares.append(row.get(f"staleness_hist/{value}", 0.0) / total)
+        lines.append((f"share of tokens {value} behind", steps, shares))
+    return lines
 
 
 def draw_report(run_dir: Path) -> list[Path]:
