@@ -18,7 +18,11 @@ from opencomposer.config import SandboxConfig
 from opencomposer.envs.grading import GradeCache
 from opencomposer.inference.batching import BatchingSession
 from opencomposer.inference.local import LocalEngine
+from opencomposer.rl.trainer import Trainer
 from opencomposer.sandbox import Sandbox
+from opencomposer.services.environments import EnvWorker
+from opencomposer.services.evaluation import EvaluationService
+from opencomposer.services.inference import InferenceService, ServiceSession
 
 IMPLEMENTATIONS = [
     (protocols.Engine, LocalEngine, ["generate", "load_weights"]),
@@ -29,6 +33,11 @@ IMPLEMENTATIONS = [
     (protocols.Policy, OpenAIPolicy, ["act"]),
     (protocols.Workspace, Sandbox, ["run", "resolve", "relpath", "command_path", "diff", "close"]),
     (protocols.Grader, GradeCache, ["grade"]),
+    (protocols.InferenceService, InferenceService, ["session", "load_weights"]),
+    (protocols.Engine, ServiceSession, ["generate", "load_weights"]),
+    (protocols.EnvironmentWorker, EnvWorker, ["start", "close"]),
+    (protocols.TrainerService, Trainer, ["score", "train", "publish"]),
+    (protocols.EvaluationService, EvaluationService, ["submit", "poll", "close"]),
 ]
 
 

@@ -12,16 +12,27 @@ talks to. The records that cross the seams (``SamplingParams``, ``Completion``, 
 | ``Workspace``  | ``sandbox.Sandbox``                            | remote environment workers       |
 | ``Grader``     | ``envs.grading.GradeCache``                    | graders in environment services  |
 | ``WeightSink`` | ``LocalEngine``                                | the weight store's subscribers   |
+
+The four services of asynchronous RL (docs/services.md), each with an embedded and a Ray backend:
+
+| protocol               | embedded (``services.*``)        | Ray (``services.ray_backend``)  |
+|------------------------|----------------------------------|---------------------------------|
+| ``InferenceService``   | ``inference.InferenceService``   | the inference actor's proxy     |
+| ``EnvironmentWorker``  | ``environments.EnvWorker``       | the worker actor's proxy        |
+| ``TrainerService``     | ``rl.trainer.Trainer``           | (the driver's, shared)          |
+| ``EvaluationService``  | ``evaluation.EvaluationService`` | the evaluation actor's proxy    |
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from opencomposer.types import (
     Completion,
     Context,
+    Group,
     Grade,
     Message,
     PolicyOutput,
@@ -111,3 +122,54 @@ class Grader(Protocol):
     ``reward.json``. An infrastructure failure raises; it is never a zero grade."""
 
     def grade(self, task: Task, diff: str, final_message: str | None = None, *, out_dir: Path | None = None) -> Grade: ...
+
+
+@runtime_checkable
+class InferenceService(WeightSink, Protocol):
+    """Serves many episodes at once and takes new weights while it runs (in flight, between decode
+    steps). Each episode samples through its own ``session()``, an ``Engine``."""
+
+    policy_version: int
+
+    def session(self) -> Engine: ...
+
+
+@runtime_checkable
+class EnvironmentWorker(Protocol):
+    """Rolls out one group at a time (sandbox, agent loop, grading): ``start`` returns at once with
+    a future of the ``Group``. ``last_beat`` is the monotonic time of its last heartbeat; a worker
+    silent past ``services.worker_timeout_s`` is declared dead and its group sampled elsewhere."""
+
+    worker_id: int
+    last_beat: float
+
+    def start(self, index: int, task: Task, seeds: list[int], attempt: int) -> Future[Group]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TrainerService(Protocol):
+    """Consumes scored groups, steps, publishes weights: ``score`` computes rewards and advantages
+    of a step's groups, ``train`` takes one optimizer step on them (``version``: the policy version
+    being trained, for the staleness metrics), ``publish`` pushes the weights into a sink."""
+
+    def score(self, groups: list[Group]) -> Any: ...
+
+    def train(self, scored: Any, version: int | None = None) -> tuple[float, dict[str, float]]: ...
+
+    def publish(self, engine: Any, version: int) -> None: ...
+
+
+@runtime_checkable
+class EvaluationService(Protocol):
+    """Evaluates the held-out suite on chosen policy versions without blocking the trainer:
+    ``submit(version)`` queues one, ``poll`` returns the finished ``(version, metrics)``."""
+
+    pending: int
+
+    def submit(self, version: int) -> None: ...
+
+    def poll(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]: ...
+
+    def close(self) -> None: ...
