@@ -188,6 +188,11 @@ class Turn:
     The context after this turn is ``previous context + token_ids + observation_ids``.
     ``routes`` is ``[len(token_ids), moe_layers, top_k]`` (uint8 or uint16) for MoE policies that
     report the experts they used, else None.
+
+    ``policy_version`` is the version that sampled the first token. A sampler that switches weights
+    in flight (``inference.local``) can change version inside a turn; ``token_versions`` then holds
+    the version of every token of ``token_ids``. Empty means every token is at ``policy_version``
+    (``versions()`` resolves both cases).
     """
 
     token_ids: list[int]
@@ -199,9 +204,20 @@ class Turn:
     observation_ids: list[int] = field(default_factory=list)  # appended by the environment
     observation_kinds: list[TokenKind] = field(default_factory=list)
     policy_version: int = 0
+    token_versions: list[int] = field(default_factory=list)  # per token of token_ids, or empty
     finish_reason: str = ""
     format_error: str | None = None  # set when the turn could not be parsed into tool calls
     rejected_tool_calls: int = 0  # calls that failed argument checks
+
+    def versions(self) -> list[int]:
+        """The policy version that sampled each token of ``token_ids``."""
+        if not self.token_versions:
+            return [self.policy_version] * len(self.token_ids)
+        if len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"turn has {len(self.token_ids)} token ids but {len(self.token_versions)} token versions"
+            )
+        return list(self.token_versions)
 
 
 @dataclass
@@ -253,7 +269,10 @@ class Episode:
 
     @property
     def policy_versions(self) -> list[int]:
-        return sorted({turn.policy_version for turn in self.turns})
+        """Every policy version that sampled a token of this episode (a turn without tokens, from
+        a hosted policy, counts with its ``policy_version``)."""
+        turns = self.turns
+        return sorted({turn.policy_version for turn in turns} | {v for turn in turns for v in turn.token_versions})
 
     def token_counts(self) -> dict[str, int]:
         """Tokens by kind over the whole chain, plus tool calls and turns (length-penalty inputs)."""
@@ -303,7 +322,9 @@ class TrainBatch:
     Built by the trainer from episodes. ``loss_mask`` is 1 on model-sampled target tokens;
     ``advantages`` is the per-token advantage (0 where masked); ``sampler_logprobs`` and
     ``ref_logprobs`` are aligned with the *target* token at each position; ``routes`` is
-    ``[rows, seq_len, moe_layers, top_k]`` or None; ``segment_ids`` separates packed sequences.
+    ``[rows, seq_len, moe_layers, top_k]`` or None; ``segment_ids`` separates packed sequences;
+    ``versions`` (int64) is the policy version that sampled each target token, -1 on tokens the
+    model did not sample and on padding (None when the batch was built without them).
     """
 
     input_ids: torch.Tensor
@@ -315,6 +336,7 @@ class TrainBatch:
     segment_ids: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     routes: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
     num_episodes: int = 0
 
 
@@ -357,6 +379,11 @@ class Completion:
     ``routed_experts``: ``[len(token_ids), moe_layers, top_k]`` uint8 (uint16 above 256 experts)
     for MoE models, None for dense ones. ``finish_reason``: ``"stop"`` (EOS, stop token or stop
     string) or ``"length"`` (max_new_tokens reached).
+
+    ``token_versions``: the policy version that sampled each token; a sampler that takes new
+    weights between decode steps (``inference.local``) can switch inside one completion. None
+    means every token is at ``policy_version``, which is always the version of the first token
+    (for an empty completion, the version it would have been sampled with).
     """
 
     token_ids: list[int]
@@ -367,6 +394,7 @@ class Completion:
     prompt_index: int = 0
     sample_index: int = 0
     policy_version: int = 0
+    token_versions: list[int] | None = None
     queue_wait_s: float = 0.0  # time the request spent queued behind other work (a batching front-end), not sampling
 
 
@@ -399,7 +427,8 @@ class PolicyOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
-    policy_version: int = 0
+    policy_version: int = 0  # the version of the first token
+    token_versions: list[int] | None = None  # the version of each token, when it can change inside a turn
     wait_s: float = 0.0  # part of the call spent waiting for other episodes' work, not charged to the wall-time budget
 
 

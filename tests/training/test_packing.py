@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from opencomposer.training.packing import collate, episode_index, episode_rows, micro_batches, segment_arrays
+from opencomposer.training.packing import (
+    collate,
+    episode_index,
+    episode_rows,
+    micro_batches,
+    segment_arrays,
+    segment_versions,
+)
 from opencomposer.types import Episode, EpisodeStatus, Segment, TokenKind, Turn
 
 T, C, OUT = TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.TOOL_OUTPUT
@@ -78,3 +86,29 @@ def test_micro_batches_respect_the_token_budget_and_are_deterministic():
     width = int(lengths[longest_first[0]]) - 1
     expected = [([1, 2, *range(5, 3 + int(lengths[r.episode]))][:-1] + [-1] * width)[:width] for r in chunks[0]]
     assert collate(chunks[0], pad_id=-1).input_ids.tolist() == expected
+
+
+def test_sampler_versions_travel_with_their_targets_and_are_minus_one_elsewhere():
+    episode = summary_chain_episode()
+    first, second = episode.segments
+    first.turns[0].policy_version, first.turns[0].token_versions = 3, [3, 4]  # switched inside the turn
+    first.turns[1].policy_version = 4  # no per-token list: every token at the turn's version
+    second.turns[0].policy_version, second.turns[0].token_versions = 4, [4, 4, 5]
+    assert segment_versions(first).tolist() == [-1, -1, -1, 3, 4, -1, -1, 4]  # ids 1 2 3 10 11 20 21 12
+    assert episode.policy_versions == [3, 4, 5]
+    rows = episode_rows([episode], [1.0])
+    assert rows[0].versions.tolist() == [-1, -1, 3, 4, -1, -1, 4]  # aligned with targets 2 3 10 11 20 21 12
+    batch = collate(rows, pad_id=0)
+    assert batch.versions.dtype == torch.int64 and batch.versions.shape == batch.loss_mask.shape
+    assert batch.versions[1].tolist() == [-1, 4, 4, 5, -1, -1, -1]  # right padding is -1 too
+    assert ((batch.versions >= 0) == batch.loss_mask).all()
+    turn_ = first.turns[0]
+    turn_.token_versions = [3]
+    with pytest.raises(ValueError, match="2 token ids but 1 token versions"):
+        episode_rows([episode], [1.0])
+
+
+def test_collate_without_versions_leaves_them_out():
+    rows = episode_rows([summary_chain_episode()], [1.0])
+    rows[0].versions = None
+    assert collate(rows, pad_id=0).versions is None

@@ -200,6 +200,7 @@ class AgentLoop:
             turn = Turn(token_ids=[], logprobs=[], token_kinds=[], text=text)
         turn.finish_reason = output.finish_reason
         turn.policy_version = output.policy_version
+        turn.token_versions = list(output.token_versions or [])
         self.segment.turns.append(turn)
         return turn
 

@@ -28,6 +28,9 @@ Contract of the gathering (there is no background thread):
   carries ``queue_wait_s``: the caller's time in ``generate`` minus the engine call that sampled
   it, i.e. what it spent waiting for other sessions (the agent loop does not charge that to an
   episode's wall-time budget).
+- new weights: ``load_weights`` goes to the engine at once, also while a batch runs
+  (``LocalEngine`` switches between decode steps and records each token's version; the
+  completions handed back keep ``token_versions``); ``in_flight=False`` waits for the batch.
 - shuts down: each session is closed by its owner (context manager or ``close()``); closing is
   also the hint "no request is coming", so the others stop waiting for it. A closed session that
   asks again simply reopens. Nothing needs stopping when the last session closes.
@@ -111,8 +114,14 @@ class BatchingEngine:
             self._open.add(session.id)
         return session
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Swap the engine's weights between batches (waits for a running batch to finish)."""
+    def load_weights(self, state_dict: dict[str, Any], version: int, in_flight: bool = True) -> None:
+        """Give the engine new weights. ``in_flight``: at once, even while a batch runs (an engine
+        such as ``LocalEngine`` stages them and switches between two decode steps, so a running
+        batch ends on the new version); False waits for the running batch to finish, for engines
+        that cannot take weights while they generate. With no batch running the two are the same."""
+        if in_flight:
+            self.engine.load_weights(state_dict, version)
+            return
         with self._cond:
             while self._busy:
                 self._cond.wait()
@@ -243,10 +252,12 @@ class BatchingEngine:
             return completion
         ids = completion.token_ids[:cap]
         routes = completion.routed_experts
+        versions = completion.token_versions
         return dataclasses.replace(
             completion,
             token_ids=ids,
             logprobs=completion.logprobs[:cap],
+            token_versions=None if versions is None else versions[:cap],
             routed_experts=None if routes is None else routes[:cap],
             finish_reason="length",
             text=self.tokenizer.decode(ids, skip_special_tokens=False) if self.tokenizer is not None else "",

@@ -37,11 +37,29 @@ the experts each token was routed to, ``[tokens, moe_layers, top_k]``. A token's
 only once it has been fed back as input, so a row that finishes rides along for one more forward
 before it is dropped.
 
+**In-flight weight updates.** ``load_weights`` may be called from another thread while
+``generate`` runs (an asynchronous trainer publishing a new policy version). The update is staged
+under a lock and the decode loop copies it into the parameters, in place, before its next forward
+(before the prefill of the next chunk, or between two decode steps), so every token sampled after
+that is drawn from the new version; with no generation running it is copied in at once. Each
+token records the version whose logits it was drawn from (``Completion.token_versions``), so one
+completion, and one episode, can span versions. As in PipelineRL, the key/value cache computed by
+the older weights is kept: the tokens after the switch attend to keys and values the previous
+version wrote, so they are the new version's continuation of the old version's cache, not what a
+fresh forward under the new weights would give; the importance ratio against the trainer's
+forward measures that gap like any other staleness. A MoE token's route is recorded when it is fed
+back, so the token sampled last before a switch carries the route of the new weights. No decoder
+keeps a weight-derived tensor across steps (each step reads the modules' parameters), so an
+in-place copy is all a switch takes. The batch-invariance guarantee holds for a fixed sequence
+of weights: with the same update applied before the same decode step, a row is what it would
+be in any batch; the step at which an update lands depends on the caller's timing.
+
 Not here: paged attention, continuous batching across calls, CUDA graphs (vLLM's job at scale).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,7 +105,8 @@ def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
 class _Row:
     """Decoding state of one (prompt, sample) pair."""
 
-    __slots__ = ("slot", "prompt_index", "sample_index", "tokens", "logprobs", "routes", "finish", "position")
+    __slots__ = ("slot", "prompt_index", "sample_index", "tokens", "logprobs", "versions", "routes", "finish",
+                 "position")
 
     def __init__(self, slot: int, prompt_index: int, sample_index: int, position: int):
         self.slot = slot  # row of the chunk's uniform-number table
@@ -95,6 +114,7 @@ class _Row:
         self.sample_index = sample_index
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.versions: list[int] = []  # policy version that sampled each token
         self.routes: list[np.ndarray] = []
         self.finish: str | None = None
         self.position = position  # position id of the next token to feed
@@ -138,14 +158,53 @@ class LocalEngine:
         self.lean = lean_supported(model)
         self.batch_invariant = batch_invariant and self.lean
         self._seed_rng = np.random.default_rng()
+        # in-flight updates (module doc): the lock guards the two fields below and every copy into
+        # the parameters
+        self._weights_lock = threading.Lock()
+        self._staged: tuple[dict[str, torch.Tensor], int] | None = None  # waiting for the next forward
+        self._generating = 0  # generate calls running
 
     # ------------------------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Swap weights in place (strict: every key must match a parameter or buffer)."""
-        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
-        if unexpected or (missing and len(state_dict) == len(self.model.state_dict())):
+        """Take the weights ``state_dict`` as policy ``version``; safe to call from any thread.
+
+        Strict: every key must name a parameter or buffer of the model, with its shape (checked
+        here, so a bad update fails in the caller). With no ``generate`` running the weights are
+        copied in at once and ``policy_version`` is ``version`` on return. While one runs they
+        are staged, as a copy (the caller may go on training its tensors), and applied before the
+        next forward of the decode loop (module doc); a newer update replaces a staged one that
+        has not been applied yet."""
+        own = self.model.state_dict()
+        unexpected = [k for k in state_dict if k not in own]
+        if unexpected:
+            missing = [k for k in own if k not in state_dict]
             raise ValueError(f"load_weights: unexpected keys {unexpected[:5]}, missing {missing[:5]}")
+        wrong = [f"{k}: {tuple(v.shape)} (expected {tuple(own[k].shape)})"
+                 for k, v in state_dict.items() if v.shape != own[k].shape]
+        if wrong:
+            raise ValueError(f"load_weights: wrong shapes {wrong[:5]}")
+        with self._weights_lock:
+            if self._generating:
+                staged = {k: v.detach().to(self.device, copy=True) for k, v in state_dict.items()}
+                self._staged = (staged, version)
+            else:
+                self._staged = None
+                self._copy_in(state_dict, version)
+
+    def _copy_in(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy ``state_dict`` into the parameters in place (the caller holds the lock)."""
+        with torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=False)
         self.policy_version = version
+
+    def _apply_staged(self) -> None:
+        """Apply a staged update, if any (the decode loop calls this between forwards)."""
+        if self._staged is None:  # read without the lock: a staged update is picked up next time
+            return
+        with self._weights_lock:
+            if self._staged is not None:
+                self._copy_in(*self._staged)
+                self._staged = None
 
     # ------------------------------------------------------------------------------------------
     def generate(
@@ -176,10 +235,19 @@ class LocalEngine:
         seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**62))
         results: list[Completion | None] = [None] * (len(prompts) * n)
         per_chunk = max(1, self.max_batch_size // n)
-        for start in range(0, len(prompts), per_chunk):
-            indices = list(range(start, min(start + per_chunk, len(prompts))))
-            for completion in self._generate_chunk(prompts, indices, params, n, seed, row_seeds):
-                results[completion.prompt_index * n + completion.sample_index] = completion
+        with self._weights_lock:
+            self._generating += 1
+        try:
+            for start in range(0, len(prompts), per_chunk):
+                indices = list(range(start, min(start + per_chunk, len(prompts))))
+                for completion in self._generate_chunk(prompts, indices, params, n, seed, row_seeds):
+                    results[completion.prompt_index * n + completion.sample_index] = completion
+        finally:
+            with self._weights_lock:
+                self._generating -= 1
+                if not self._generating and self._staged is not None:  # staged after the last forward
+                    self._copy_in(*self._staged)
+                    self._staged = None
         return results  # type: ignore[return-value]
 
     @torch.inference_mode()
@@ -196,8 +264,10 @@ class LocalEngine:
             mask[r, width - lengths[r] :] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         rows = [_Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
+        self._apply_staged()
+        first_version = version = self.policy_version  # version: of the weights the next logits come from
         if params.max_new_tokens == 0:
-            return [self._completion(row) for row in rows]
+            return [self._completion(row, first_version) for row in rows]
         # one uniform number per row and step, from that row's own generator
         uniforms = torch.stack([
             torch.rand(params.max_new_tokens, generator=torch.Generator().manual_seed(
@@ -231,6 +301,7 @@ class LocalEngine:
                         row = live[k]
                         row.tokens.append(token)
                         row.logprobs.append(logprob)
+                        row.versions.append(version)
                         row.finish = self._finish_reason(row, token, params, stop_ids, stop_window)
                 # 2. rows that still need a forward: generating, or finished with their last
                 #    token's route not yet recorded (MoE only)
@@ -248,6 +319,8 @@ class LocalEngine:
                 # 3. feed every live row its last token (rows already done ride along until compaction)
                 step_ids = torch.tensor([[row.tokens[-1]] for row in live], device=dev)
                 step_pos = torch.tensor([[row.position] for row in live], device=dev)
+                self._apply_staged()
+                version = self.policy_version
                 logits = decoder.step(step_ids, step_pos)[:, -1, :].float()
                 routes = recorder.take(len(live), 1)
                 routes = routes[:, 0].cpu().numpy() if routes is not None else None  # [rows, layers, k]
@@ -255,7 +328,7 @@ class LocalEngine:
                     row.position += 1
                     if routes is not None and len(row.routes) < len(row.tokens):
                         row.routes.append(routes[k])
-        return [self._completion(row) for row in rows]
+        return [self._completion(row, first_version) for row in rows]
 
     def _finish_reason(
         self, row: _Row, token: int, params: SamplingParams, stop_ids: set[int], stop_window: int
@@ -270,7 +343,8 @@ class LocalEngine:
             return "length"
         return None
 
-    def _completion(self, row: _Row) -> Completion:
+    def _completion(self, row: _Row, version: int) -> Completion:
+        """``version``: that of the first token (of the prefill's weights)."""
         routes = None
         if self.is_moe:
             routes = (
@@ -286,5 +360,6 @@ class LocalEngine:
             routed_experts=routes,
             prompt_index=row.prompt_index,
             sample_index=row.sample_index,
-            policy_version=self.policy_version,
+            policy_version=version,
+            token_versions=list(row.versions),
         )

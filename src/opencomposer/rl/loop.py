@@ -225,7 +225,7 @@ class RLRun:
                             seeds=seeds, workers=rl.rollout_workers, grader=self.grader)
         rollout_s = time.perf_counter() - started
         scored = self.trainer.score(groups)
-        loss, train_metrics = self.trainer.train(scored)
+        loss, train_metrics = self.trainer.train(scored, version=state.step)  # staleness 0, as a check
         state.step += 1
         state.cursor += rl.batch_tasks
         state.trained += step_records(indices, groups, state.step, skipped=bool(train_metrics["skipped"]))

@@ -28,12 +28,17 @@ sequence count are not, so a step split into micro-batches passes the step's ``n
 
 Every loss returns ``(loss, metrics)``; metrics are Python floats over this batch's model tokens:
 entropy, KL to the sampler (train/inference mismatch), ratio range, KL to the reference, and the
-clip or truncation fractions of the variants that clip.
+clip or truncation fractions of the variants that clip. Two more families are statistics of the
+whole step, not means that micro-batches add up to, so the step computes them once over all its
+tokens: the importance ratio's mean and tail (``ratio_metrics``) and, when sampling runs ahead of
+training, the staleness of the tokens (``staleness_metrics``). They only measure: the corrections
+(``tis``, ``ppo_clip`` and the other clipped losses) stay opt-in through ``rl.loss.name``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -298,3 +303,43 @@ def loss_metrics(
         out["tis_truncated_fraction"] = mean(truncated.to(logprobs.dtype))
     values = torch.stack([v.to(torch.float64) for v in out.values()]).tolist()  # one device sync
     return dict(zip(out, values, strict=True))
+
+
+@torch.no_grad()
+def ratio_metrics(log_ratios: torch.Tensor) -> dict[str, float]:
+    """Importance-ratio statistics of a step: ``log_ratios`` [tokens] is log π_θ − log π_sampler on
+    every model token of the step. ``ratio_mean`` is the mean of ρ: 1 on-policy, and in expectation
+    under the sampler π_θ's mass on what the sampler can draw, so a mean clearly below 1 means π_θ
+    has moved mass to tokens the sampler does not produce. ``log_ratio_abs_p99`` is the 99th
+    percentile of |log ρ| (nearest rank), the tail that clipping or truncation would act on. Empty
+    when there are no tokens."""
+    if log_ratios.numel() == 0:
+        return {}
+    distance = log_ratios.detach().double().abs().sort().values
+    rank = max(math.ceil(0.99 * distance.numel()), 1)
+    values = torch.stack([log_ratios.detach().double().exp().mean(), distance[rank - 1]]).tolist()
+    return {"ratio_mean": values[0], "log_ratio_abs_p99": values[1]}
+
+
+@torch.no_grad()
+def staleness_metrics(versions: torch.Tensor, trainer_version: int) -> dict[str, float]:
+    """How far the sampler was behind the weights being trained: ``versions`` [tokens] (int) is the
+    policy version that sampled each model token of the step, and a token's staleness is
+    ``trainer_version - version`` (0: on-policy). Returns ``staleness_mean``, ``staleness_max`` and
+    ``staleness_hist/s``, the number of tokens of staleness s, for every s from 0 to the max (zero
+    counts included). Empty when there are no tokens. A token without a version (-1) or newer than
+    ``trainer_version`` is a bookkeeping error and raises."""
+    if versions.numel() == 0:
+        return {}
+    if int(versions.min()) < 0:
+        raise ValueError("staleness: a model token has no sampler version (-1); its turn lost its versions")
+    staleness = trainer_version - versions.long()
+    if int(staleness.min()) < 0:
+        raise ValueError(
+            f"staleness: tokens sampled by version {int(versions.max())}, newer than the trained version "
+            f"{trainer_version}"
+        )
+    counts = torch.bincount(staleness.cpu()).tolist()
+    out = {"staleness_mean": float(staleness.double().mean()), "staleness_max": float(len(counts) - 1)}
+    out.update({f"staleness_hist/{s}": float(count) for s, count in enumerate(counts)})
+    return out

@@ -14,7 +14,11 @@ The gradient norm is clipped to ``rl.grad_clip`` (0: no clipping). A non-finite 
 stops the run with an error instead of corrupting the weights.
 
 Returns ``(loss, metrics)``: the step's loss and token-weighted means of the loss metrics
-(entropy, KL to the sampler and to the reference, ratio range, ...), plus the gradient norm.
+(entropy, KL to the sampler and to the reference, ratio range, ...), plus the gradient norm, and
+the off-policy statistics of the whole step (``rl.losses.ratio_metrics``: ``ratio_mean``,
+``log_ratio_abs_p99``; with ``trainer_version``, ``rl.losses.staleness_metrics``:
+``staleness_mean``, ``staleness_max``, ``staleness_hist/<s>``). They measure and change nothing:
+corrections for staleness are the opt-in losses ``tis`` and ``ppo_clip``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import dataclasses
 import torch
 
 from opencomposer.config import RLConfig
-from opencomposer.rl.losses import LossInputs, rl_loss
+from opencomposer.rl.losses import LossInputs, ratio_metrics, rl_loss, staleness_metrics
 from opencomposer.training.forward import batch_to, token_logprobs
 from opencomposer.types import TrainBatch
 
@@ -49,10 +53,15 @@ def train_step(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    trainer_version: int | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Accumulate the loss's gradient over ``batches`` (the step's micro-batches), clip, step.
     Tokens are scored as the sampler drew them (``temperature``, ``top_p``, ``top_k``; see
-    ``training.forward.token_logprobs``)."""
+    ``training.forward.token_logprobs``). ``trainer_version``: the policy version of the weights
+    being trained; with it, each token's staleness against the version that sampled it
+    (``TrainBatch.versions``, which every batch must then carry) is reported."""
+    if trainer_version is not None and any(b.versions is None for b in batches):
+        raise ValueError(f"trainer_version={trainer_version} given, but a batch carries no sampler versions")
     device = next(model.parameters()).device
     num_tokens = float(sum(int(b.loss_mask.sum()) for b in batches))
     num_sequences = float(sum(int(b.loss_mask.any(1).sum()) for b in batches))
@@ -60,6 +69,7 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     total_loss = 0.0
     totals: dict[str, float] = {}
+    log_ratios, versions = [], []  # [tokens] per micro-batch, for the step-wide statistics
     for batch in batches:
         batch = batch_to(batch, device)
         logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature,
@@ -71,6 +81,10 @@ def train_step(
         loss.backward()
         total_loss += float(loss.detach())
         _merge(totals, metrics, metrics["tokens"])
+        mask = batch.loss_mask.bool()
+        log_ratios.append((logprobs.detach() - batch.sampler_logprobs)[mask])
+        if trainer_version is not None:
+            versions.append(batch.versions[mask])
     parameters = [p for p in model.parameters() if p.grad is not None]
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
@@ -86,6 +100,10 @@ def train_step(
         name: value if name in ("tokens", "ratio_max", "ratio_min") else value / tokens
         for name, value in totals.items()
     }
+    if log_ratios:
+        metrics.update(ratio_metrics(torch.cat(log_ratios)))
+    if versions:
+        metrics.update(staleness_metrics(torch.cat(versions), trainer_version))
     metrics["grad_norm"] = grad_norm
     metrics["micro_batches"] = float(len(batches))
     return total_loss, metrics

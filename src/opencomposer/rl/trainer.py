@@ -10,7 +10,8 @@ Order of one step (docs/rl.md, "How a trainer calls them"):
    Infrastructure failures are never scored; groups left with fewer than two scored episodes
    are dropped.
 2. ``train``: the rows of episodes that have an advantage, micro-batched, through ``step.train_step``
-   (recomputed logprobs, ``rl_loss``, backward, clipping, Adam).
+   (recomputed logprobs, ``rl_loss``, backward, clipping, Adam); given the version it trains, it
+   also reports how stale the sampled tokens were.
 3. ``publish``: the new weights go into the sampler with the step number as policy version.
 
 The trainer holds the policy, the reference and the optimizer; the loop (``rl.loop``) owns the
@@ -29,6 +30,7 @@ import torch
 from opencomposer.config import Config
 from opencomposer.rl.advantages import episode_advantages
 from opencomposer.rl.kl import sequence_kl_penalty
+from opencomposer.rl.losses import staleness_metrics
 from opencomposer.rl.rewards import episode_reward
 from opencomposer.rl.step import train_step
 from opencomposer.sandbox.patch import diff_stats
@@ -169,20 +171,28 @@ class Trainer:
             min_lr_ratio=1.0 if rl.lr_schedule == "constant" else rl.min_lr_ratio, floor_on_last_step=True,
         )
 
-    def train(self, scored: ScoredStep) -> tuple[float, dict[str, float]]:
+    def train(self, scored: ScoredStep, version: int | None = None) -> tuple[float, dict[str, float]]:
         """One optimizer step on the scored rows. A step without gradient (no rows, or every
         advantage zero and no KL term in the loss) skips the forward and the update: Adam would
-        otherwise keep moving the weights on momentum alone (and the warm-up does not advance)."""
+        otherwise keep moving the weights on momentum alone (and the warm-up does not advance).
+
+        ``version``: the policy version of the weights this step trains; with it the metrics
+        include the staleness of the rows' tokens (``rl.losses.staleness_metrics``), skipped
+        steps too."""
         kl_in_loss = self.rl.kl.placement == "loss" and self.rl.kl.coef > 0
         if not scored.rows or (not kl_in_loss and all(row.advantage == 0.0 for row in scored.rows)):
-            return 0.0, {"tokens": float(sum(row.model_tokens for row in scored.rows)), "grad_norm": 0.0,
-                         "micro_batches": 0.0, "skipped": 1.0}
+            metrics = {"tokens": float(sum(row.model_tokens for row in scored.rows)), "grad_norm": 0.0,
+                       "micro_batches": 0.0, "skipped": 1.0}
+            if version is not None and scored.rows:
+                versions = np.concatenate([row.versions[row.loss_mask] for row in scored.rows])
+                metrics.update(staleness_metrics(torch.from_numpy(versions), version))
+            return 0.0, metrics
         batches = [collate(chunk, self.pad_id) for chunk in micro_batches(scored.rows, self.rl.micro_batch_tokens)]
         lr = self.learning_rate(self.updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss, metrics = train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,
-                                   top_p=self.top_p, top_k=self.top_k)
+                                   top_p=self.top_p, top_k=self.top_k, trainer_version=version)
         self.updates += 1
         metrics["skipped"] = 0.0
         metrics["lr"] = lr

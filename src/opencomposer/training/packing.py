@@ -7,7 +7,10 @@ gives T-1 positions whose inputs are ``ids[:-1]`` and targets ``ids[1:]``. The l
 targets the model sampled (thinking, tool calls, final messages, summaries) and 0 on prompts,
 tool outputs and padding. Every model token of an episode carries the episode's advantage, in
 every segment of a self-summary chain (report §4.1, §5: "the final reward applies to every model
-token in the chain"). Sampler logprobs travel with the targets they scored.
+token in the chain"). Sampler logprobs travel with the targets they scored, and so does the policy
+version that sampled each target (``versions``, -1 on tokens the model did not sample): with
+in-flight weight updates one episode, even one turn, can span versions, and the trainer measures
+each token's staleness against the version it trains.
 
 Rows are packed one per batch row, right-padded, sorted by length and cut into micro-batches of
 at most ``max_tokens`` padded positions; right padding needs no attention mask (causal attention
@@ -38,6 +41,7 @@ class SequenceRow:
     sampler_logprobs: np.ndarray  # float32, the sampler's log-prob of each model target (0 elsewhere)
     advantage: float = 0.0
     ref_logprobs: np.ndarray | None = None  # float32, log π_ref(target), filled by the reference forward
+    versions: np.ndarray | None = None  # int64, policy version that sampled each model target (-1 elsewhere)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -61,6 +65,16 @@ def segment_arrays(segment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, mask, logprobs
 
 
+def segment_versions(segment) -> np.ndarray:
+    """[T] int64: the policy version that sampled each token of one segment, -1 on tokens the model
+    did not sample (prompt, tool outputs), in context order."""
+    versions = [-1] * len(segment.prompt_ids)
+    for turn in segment.turns:
+        versions += turn.versions()
+        versions += [-1] * len(turn.observation_ids)
+    return np.asarray(versions, dtype=np.int64)
+
+
 def episode_rows(episodes: list[Episode], advantages: list[float | None] | None = None) -> list[SequenceRow]:
     """One row per segment with at least one model token; episodes whose advantage is None are
     left out (infrastructure failures, dropped groups). Without ``advantages`` every episode is
@@ -74,6 +88,7 @@ def episode_rows(episodes: list[Episode], advantages: list[float | None] | None 
             ids, mask, logprobs = segment_arrays(segment)
             if len(ids) < 2 or not mask[1:].any():
                 continue
+            versions = segment_versions(segment)
             rows.append(
                 SequenceRow(
                     episode=index,
@@ -82,6 +97,7 @@ def episode_rows(episodes: list[Episode], advantages: list[float | None] | None 
                     loss_mask=mask[1:],
                     sampler_logprobs=logprobs[1:],
                     advantage=float(advantage),
+                    versions=versions[1:],
                 )
             )
     return rows
@@ -109,7 +125,7 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
     """Right-pad ``rows`` into one ``TrainBatch`` ``[rows, longest]``.
 
     One sequence per row, so ``segment_ids`` is all zeros (padding is excluded by ``loss_mask``);
-    ``ref_logprobs`` is set when every row has them.
+    ``ref_logprobs`` and ``versions`` (-1 on padding) are set when every row has them.
     """
     if not rows:
         raise ValueError("collate: no rows")
@@ -123,6 +139,8 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
     segment_ids = torch.zeros(shape, dtype=torch.long)
     with_ref = all(row.ref_logprobs is not None for row in rows)
     ref = torch.zeros(shape, dtype=torch.float32) if with_ref else None
+    with_versions = all(row.versions is not None for row in rows)
+    versions = torch.full(shape, -1, dtype=torch.long) if with_versions else None
     for r, row in enumerate(rows):
         n = len(row)
         input_ids[r, :n] = torch.from_numpy(row.input_ids)
@@ -133,6 +151,8 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
         sampler[r, :n] = torch.from_numpy(row.sampler_logprobs)
         if ref is not None:
             ref[r, :n] = torch.from_numpy(row.ref_logprobs)
+        if versions is not None:
+            versions[r, :n] = torch.from_numpy(row.versions)
     position_ids = torch.arange(width).expand(shape).clone()
     return TrainBatch(
         input_ids=input_ids,
@@ -143,6 +163,7 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
         position_ids=position_ids,
         segment_ids=segment_ids,
         ref_logprobs=ref,
+        versions=versions,
         num_episodes=num_episodes or len({row.episode for row in rows}),
     )
 

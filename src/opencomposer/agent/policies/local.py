@@ -1,9 +1,10 @@
 """A policy backed by an in-process ``Engine`` (the ``LocalEngine`` sampler, or any other).
 
 Token in, token out: it samples a turn from the exact context ids the loop keeps and returns the
-sampled ids with their logprobs, routes and the engine's policy version, so the episode can be
-trained on as is. Sampling settings come from the recipe's ``[sampling]``; the per-turn token cap
-is the smaller of ``sampling.max_new_tokens`` and what the episode's budgets leave. Generation is
+sampled ids with their logprobs, routes and the policy version of every token (an engine that
+takes new weights in flight can switch inside a turn), so the episode can be trained on as is.
+Sampling settings come from the recipe's ``[sampling]``; the per-turn token cap is the smaller of
+``sampling.max_new_tokens`` and what the episode's budgets leave. Generation is
 serialised with a lock, so one engine can serve parallel episodes; the time a turn waits for that
 lock or in a batching front-end's queue is reported as ``PolicyOutput.wait_s``, which the agent
 loop does not charge to the episode's wall-time budget.
@@ -62,6 +63,7 @@ class EnginePolicy:
             completion_tokens=len(completion.token_ids),
             prompt_tokens=len(context.token_ids),
             policy_version=completion.policy_version,
+            token_versions=None if completion.token_versions is None else list(completion.token_versions),
             wait_s=lock_wait + completion.queue_wait_s,
         )
 
