@@ -10,6 +10,8 @@ timestamps the commands took inside the jail), never by how long a run took on t
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -258,3 +260,95 @@ def test_waiting_for_a_slot_does_not_count_toward_the_timeout(repo: Path):
     assert all(result.exit_code == 0 and not result.timed_out for _, _, result in spans)
     (first_start, first_end, _), (second_start, second_end, _) = sorted(spans, key=lambda span: span[0])
     assert first_end <= second_start  # the second began only after the first had finished
+
+
+# --------------------------------------------------------------------------------------------------
+# How a command starts: bwrap waits for its options (``--args``) until it has the limits and is in
+# the pids cgroup, into which it is born where the kernel allows it (``jail.CgroupSpawner``).
+
+
+@pytest.mark.parametrize("spawn", ["born in the cgroup", "moved into the cgroup", "behind a shell"])
+def test_limits_reach_every_process_of_the_command(repo: Path, spawn: str):
+    config = SandboxConfig(cpu_s=7, memory_mb=1234, file_size_mb=3, max_processes=12)
+    fork_until_refused = (
+        "import os, time\n"
+        "children = 0\n"
+        "try:\n"
+        "    for _ in range(40):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(5)\n"
+        "            os._exit(0)\n"
+        "        children += 1\n"
+        "except BlockingIOError:\n"
+        "    print('refused after', children)\n"
+    )
+    thread_cgroup = Path("/proc/thread-self/cgroup").read_text()
+    with Sandbox(repo, config) as sb:
+        if spawn == "moved into the cgroup":
+            sb._spawner = None  # as on cgroup v2: bwrap is moved in before it reads its options
+        if spawn == "behind a shell":
+            sb._command_line.wrapped = True  # as for a setuid bwrap, which takes no limits from us
+        (sb.workspace / "fork.py").write_text(fork_until_refused)
+        result = sb.run("ulimit -t; ulimit -v; ulimit -f; ulimit -c; python fork.py; cat /proc/self/cgroup")
+    lines = result.output.splitlines()
+    assert lines[:4] == ["7", str(1234 << 10), str(3 << 10), "0"]  # bash counts -v and -f in KiB
+    assert lines[4].startswith("refused after ") and int(lines[4].split()[-1]) < 12
+    # the jail's cgroup namespace is rooted where bwrap was when it made it: in the sandbox's cgroup
+    assert all(line.endswith(":/") for line in lines[5:]), lines[5:]
+    assert Path("/proc/thread-self/cgroup").read_text() == thread_cgroup  # the caller's thread is back
+
+
+def test_bwrap_that_never_gets_its_options_runs_nothing(repo: Path, tmp_path: Path):
+    marker = tmp_path / "ran"
+    with Sandbox(repo) as sb:
+        args_read, args_write = os.pipe()
+        os.close(args_write)  # the options never come: end-of-file
+        try:
+            done = subprocess.run(sb._command_line.argv(args_read, "/bin/sh", f"touch {marker}"),
+                                  pass_fds=(args_read,), capture_output=True, timeout=60)
+        finally:
+            os.close(args_read)
+    assert done.returncode != 0 and b"No such file" in done.stderr  # an empty root: no shell to run
+    assert not marker.exists()
+
+
+def test_the_jail_has_no_controlling_terminal_even_when_the_caller_has_one(repo: Path):
+    caller = (
+        "import os\n"
+        "from opencomposer.sandbox.workspace import Sandbox\n"
+        "os.setsid()\n"
+        "_, terminal = os.openpty()\n"
+        "os.open(os.ttyname(terminal), os.O_RDWR)  # a session leader's first terminal becomes its own\n"
+        "os.close(os.open('/dev/tty', os.O_RDWR))\n"
+        f"with Sandbox({str(repo)!r}) as sb:\n"
+        "    print(sb.run('exec 3<>/dev/tty && echo GOT-TTY || echo no-tty').output)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "no-tty" in done.stdout and "GOT-TTY" not in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the pids cgroup is made only when running as root")
+def test_killing_the_cgroup_spares_the_thread_that_is_spawning_into_it(repo: Path):
+    caller = (
+        "from opencomposer.sandbox import jail\n"
+        "from opencomposer.sandbox.workspace import Sandbox\n"
+        f"with Sandbox({str(repo)!r}) as sb:\n"
+        "    with sb._spawner.entered() as inside:\n"
+        "        jail.empty_cgroup(sb._cgroup)\n"
+        "    print('alive', inside)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", caller], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("alive"), (done.returncode, done.stderr)
+
+
+def test_the_jail_sees_the_sandboxs_own_read_only_etc(repo: Path):
+    expected = {"passwd", "group", "hosts"} | {
+        name for name in ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime")
+        if os.path.exists(f"/etc/{name}")
+    }
+    with Sandbox(repo) as sb:
+        result = sb.run("ls /etc; getent passwd agent; touch /etc/passwd /etc/new 2>&1 | grep -c 'Read-only'")
+    lines = result.output.splitlines()
+    assert set(lines[:-2]) == expected
+    assert lines[-2:] == ["agent:x:1000:1000:agent:/tmp:/bin/sh", "2"]

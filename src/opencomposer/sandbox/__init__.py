@@ -2,7 +2,7 @@
 
 - ``workspace``: ``Sandbox``, a task repository copied into a private folder whose commands run
   in the jail, with a wall-clock limit, capped output and host-side file access confined to it;
-- ``jail``: how one command is confined (bubblewrap argv: no network, private /tmp, read-only
+- ``jail``: how one command is confined (bubblewrap options: no network, private /tmp, read-only
   system; rlimits; a pids cgroup; killing the process group);
 - ``patch``: git diffs of workspace trees that round-trip byte for byte, and applying them;
 - ``gitformat``: the byte-level parts of git's patch format (quoted names, blob ids, binary hunks).

@@ -3,10 +3,11 @@
 A ``Sandbox`` copies a task's repository snapshot into a private workspace folder and runs each
 command in a fresh bubblewrap (``bwrap``) jail over it:
 
-- **filesystem**: a tmpfs root holding read-only binds of the system (``/usr``, ``/bin``, ``/lib*``,
-  a few ``/etc`` files), of the Python installation that runs opencomposer and of
-  ``sandbox.ro_binds``; the workspace read-write at the task's ``workdir`` (``/workspace`` by
-  default); a private, size-limited ``/tmp``. Nothing else of the host is visible.
+- **filesystem**: a tmpfs root holding read-only binds of the system (``/usr``, ``/bin``, ``/lib*``),
+  of the sandbox's own ``/etc`` (passwd, group, hosts; copies of the host's dynamic-linker
+  configuration and time zone; the host's ``/etc/alternatives``), of the Python installation that
+  runs opencomposer and of ``sandbox.ro_binds``; the workspace read-write at the task's ``workdir``
+  (``/workspace`` by default); a private, size-limited ``/tmp``. Nothing else of the host is visible.
 - **namespaces**: new user, PID, network (loopback only), IPC, UTS and cgroup namespaces, uid and
   gid 1000 inside, no capabilities, no further user namespaces.
 - **limits**: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE and RLIMIT_CORE per process; a cap on live
@@ -18,6 +19,11 @@ command in a fresh bubblewrap (``bwrap``) jail over it:
   CPU count by default), whatever the number of sandboxes open: RL opens one per rollout.
 - **per command**: workspace paths mounted read-only over the writable workspace (grading's
   tests and test configuration), extra read-only host folders, inherited file descriptors.
+- **cost**: RL's environment service runs thousands of commands per step, so a command in an open
+  sandbox pays for little beyond bwrap itself: the command line is built when the sandbox opens,
+  bwrap waits for its options (not a wrapper process) while it gets its limits, and it is born in
+  the pids cgroup rather than moved in (``jail.CgroupSpawner``). ``benchmarks/sandbox.py --only
+  command`` measures it beside a minimal bwrap jail.
 
 Tools read and write workspace files from the host through ``resolve()``, which confines paths to
 the workspace (no ``..``, no symlink pointing out, regular files only).
@@ -31,6 +37,7 @@ Not here: snapshots/forking of running environments, network egress through a pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -47,11 +54,13 @@ from pathlib import Path
 
 from opencomposer.config import SandboxConfig
 from opencomposer.sandbox.jail import (
+    BwrapCommandLine,
+    CgroupSpawner,
     apply_limits,
-    bwrap_argv,
     bwrap_available,
     command_slots,
     empty_cgroup,
+    kill_cgroup,
     kill_group,
     make_pids_cgroup,
     read_all,
@@ -118,16 +127,24 @@ class Sandbox:
         self.slot_wait_s = 0.0
         self._closed = False
         self._cgroup: Path | None = None
+        self._spawner: CgroupSpawner | None = None
+        self._command_line: BwrapCommandLine | None = None  # None: isolation = "none"
+        self._shell = self.config.shell if Path(self.config.shell).exists() else "/bin/sh"
         try:
             if self.source is not None:
                 shutil.copytree(self.source, self.workspace, symlinks=True, ignore=ignore_names)
             else:
                 self.workspace.mkdir()
-            self._etc = write_etc(self.root)
+            etc = write_etc(self.root)
+            if self.config.isolation == "bwrap":
+                self._command_line = BwrapCommandLine(workspace=self.workspace, workdir=self.workdir, etc=etc,
+                                                      config=self.config)
             (self.root / "home").mkdir()
             if os.geteuid() == 0:
                 self._cgroup = make_pids_cgroup(f"opencomposer-{os.getpid()}-{self.id}", self.config.max_processes)
-                if self._cgroup is None and self.config.isolation == "bwrap":
+                if self._cgroup is not None:
+                    self._spawner = CgroupSpawner(self._cgroup)
+                elif self.config.isolation == "bwrap":
                     raise SandboxUnavailable(
                         "running as root, so RLIMIT_NPROC cannot cap the sandbox's processes, and no "
                         "writable pids cgroup was found under /sys/fs/cgroup; run opencomposer as a "
@@ -165,21 +182,76 @@ class Sandbox:
 
     def _run(self, command: str, timeout: float, extra_env: dict[str, str], pass_fds: tuple[int, ...],
              readonly: tuple[str, ...], ro_binds: tuple[str, ...]) -> RunResult:
-        shell = self.config.shell if Path(self.config.shell).exists() else "/bin/sh"
+        if self._command_line is None:
+            return self._run_unisolated(command, timeout, extra_env, pass_fds)
+        self._kill_leftovers()  # of the previous command, before this one's processes join them
+        status_read, status_write = os.pipe()
+        start = time.monotonic()
+        try:
+            options = self._command_line.options(status_fd=status_write, env=self._environment(extra_env),
+                                                 readonly=readonly, ro_binds=ro_binds)
+            proc = self._start_jail(command, options, (status_write,) + pass_fds)
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)
+        output, truncated, timed_out, killed = self._collect(proc, start + timeout)
+        returncode = proc.wait()
+        duration = time.monotonic() - start
+        self._stop(proc)
+        exit_code = returncode if returncode >= 0 else 128 - returncode
+        exit_code = self._bwrap_exit_code(read_all(status_read), output, exit_code, killed)
+        return RunResult(exit_code, output, timed_out, duration, truncated)
+
+    def _start_jail(self, command: str, options: bytes, pass_fds: tuple[int, ...]) -> subprocess.Popen:
+        """Start bwrap for ``command``; it gets its ``options`` (the jail) once it has the limits and
+        is in the cgroup, so every process of the jail is accounted for.
+
+        bwrap reads the options from a pipe before it does anything else. If they never come, it
+        reads end-of-file, no options, and cannot start the command in an empty root; any failure
+        here kills it before the pipe closes all the same."""
+        args_read, args_write = os.pipe()
+        go_read, go_write = os.pipe() if self._command_line.wrapped else (-1, -1)
+        proc: subprocess.Popen | None = None
+        try:
+            spawning = self._spawner.entered() if self._spawner else contextlib.nullcontext(False)
+            with spawning as born_in_cgroup:
+                proc = subprocess.Popen(
+                    self._command_line.argv(args_read, self._shell, command),
+                    stdin=go_read if go_read >= 0 else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    cwd="/",
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    pass_fds=(args_read,) + pass_fds,
+                    start_new_session=True,
+                )
+            apply_limits(proc.pid, self.config, self._cgroup, born_in_cgroup=born_in_cgroup)
+            if go_write >= 0:
+                os.write(go_write, b"go\n")
+            while options:
+                options = options[os.write(args_write, options):]
+            return proc
+        except BaseException as e:
+            if proc is not None:
+                self._stop(proc)
+                proc.wait()
+            if isinstance(e, OSError):
+                stage = "start" if proc is None else "apply limits to"
+                raise SandboxError(f"could not {stage} the sandbox: {e}") from e
+            raise
+        finally:
+            for fd in (args_read, args_write, go_read, go_write):
+                if fd >= 0:
+                    os.close(fd)
+
+    def _run_unisolated(self, command: str, timeout: float, extra_env: dict[str, str],
+                        pass_fds: tuple[int, ...]) -> RunResult:
         go_read, go_write = os.pipe()
-        status_read = status_write = -1
-        if self.config.isolation == "bwrap":
-            status_read, status_write = os.pipe()
-            argv = bwrap_argv(shell, command, status_fd=status_write, workspace=self.workspace, workdir=self.workdir,
-                              etc=self._etc, config=self.config, env=self._environment(extra_env),
-                              readonly=readonly, ro_binds=ro_binds)
-            cwd, env = "/", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        else:
-            argv = [shell, "-c", command]
-            cwd, env = str(self.workspace), self._environment(extra_env, host=True)
-        # The shell wrapper waits for a line on its stdin until limits and the cgroup are in place,
-        # then execs the real command, so no child can be forked before it is accounted for.
-        wrapper = ["/bin/sh", "-c", 'read _ && exec "$@" </dev/null', "opencomposer-sandbox", *argv]
+        # The shell wrapper waits for a line on its stdin until the limits are in place, then execs
+        # the command, so no child can be forked before it is accounted for.
+        wrapper = ["/bin/sh", "-c", 'read _ && exec "$@" </dev/null', "opencomposer-sandbox", self._shell, "-c", command]
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -187,36 +259,31 @@ class Sandbox:
                 stdin=go_read,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env=env,
-                pass_fds=((status_write,) if status_write >= 0 else ()) + pass_fds,
+                cwd=str(self.workspace),
+                env=self._environment(extra_env, host=True),
+                pass_fds=pass_fds,
                 start_new_session=True,
             )
         except OSError as e:
-            for fd in (go_read, go_write, status_read, status_write):
-                if fd >= 0:
-                    os.close(fd)
+            os.close(go_read)
+            os.close(go_write)
             raise SandboxError(f"could not start the sandbox: {e}") from e
         os.close(go_read)
-        if status_write >= 0:
-            os.close(status_write)
         try:
             apply_limits(proc.pid, self.config, self._cgroup)
             os.write(go_write, b"go\n")
         except OSError as e:
-            kill_group(proc.pid)
+            self._stop(proc)
             proc.wait()
             raise SandboxError(f"could not apply limits to the sandbox: {e}") from e
         finally:
             os.close(go_write)
-        output, truncated, timed_out, killed = self._collect(proc, start + timeout)
+        output, truncated, timed_out, _ = self._collect(proc, start + timeout)
         returncode = proc.wait()
         duration = time.monotonic() - start
         self._stop(proc)
+        self._kill_leftovers()  # no PID namespace to take them down: what forked since goes too
         exit_code = returncode if returncode >= 0 else 128 - returncode
-        if status_read >= 0:
-            status = read_all(status_read)
-            exit_code = self._bwrap_exit_code(status, output, exit_code, killed)
         return RunResult(exit_code, output, timed_out, duration, truncated)
 
     def _bwrap_exit_code(self, status: str, output: str, exit_code: int, killed: bool) -> int:
@@ -286,8 +353,13 @@ class Sandbox:
         return text, truncated or flooded, timed_out, timed_out or flooded
 
     def _stop(self, proc: subprocess.Popen) -> None:
+        """Kill the command's process group and everything in the sandbox's cgroup, in one pass: the
+        jail's first process is among them, and the kernel kills the rest of its PID namespace with
+        it. What is still being torn down is waited for before the next command (``_kill_leftovers``),
+        so that one finds the cgroup empty and its whole process budget free."""
         kill_group(proc.pid)
-        self._kill_leftovers()
+        if self._cgroup is not None:
+            kill_cgroup(self._cgroup)
 
     def _environment(self, extra: dict[str, str], host: bool = False) -> dict[str, str]:
         python_bin = str(Path(sys.executable).parent)
@@ -305,6 +377,7 @@ class Sandbox:
         return env
 
     def _kill_leftovers(self) -> None:
+        """Kill what is left in the sandbox's cgroup and wait until it is gone."""
         if self._cgroup is not None:
             empty_cgroup(self._cgroup)
 
