@@ -23,6 +23,7 @@ from opencomposer.sandbox import Sandbox
 from opencomposer.services.environments import EnvWorker
 from opencomposer.services.evaluation import EvaluationService
 from opencomposer.services.inference import InferenceService, ServiceSession
+from opencomposer.services.ray_backend import EvaluationClient, RemoteEnvWorker, RemoteInference, RemoteSession
 
 IMPLEMENTATIONS = [
     (protocols.Engine, LocalEngine, ["generate", "load_weights"]),
@@ -38,6 +39,10 @@ IMPLEMENTATIONS = [
     (protocols.EnvironmentWorker, EnvWorker, ["start", "close"]),
     (protocols.TrainerService, Trainer, ["score", "train", "publish"]),
     (protocols.EvaluationService, EvaluationService, ["submit", "poll", "close"]),
+    (protocols.InferenceService, RemoteInference, ["session", "load_weights"]),
+    (protocols.Engine, RemoteSession, ["generate", "load_weights"]),
+    (protocols.EnvironmentWorker, RemoteEnvWorker, ["start", "close"]),
+    (protocols.EvaluationService, EvaluationClient, ["submit", "poll", "close"]),
 ]
 
 

@@ -1,0 +1,573 @@
+"""``services.backend = "ray"``: inference, environment workers and evaluation as Ray actors.
+
+``RayServices`` is ``async_rl.EmbeddedServices`` with the services moved out of the trainer's
+process: the same attributes and methods (``inference.load_weights``, ``evaluation``,
+``new_worker``, ``inference_restarts``, ``shutdown``), so ``AsyncRLRun`` drives either backend
+with the same code. The trainer stays in this process (the Ray driver). Each actor hosts the
+embedded backend's own service object, not a second implementation of it:
+
+- **inference**: one threaded actor holding an ``InferenceService`` (``LocalEngine`` behind a
+  ``BatchingEngine``), so the remote ``generate`` calls of every episode of every worker batch
+  together. A new policy version travels through the weight store, not through Ray: the trainer
+  publishes it there, and ``inference.load_weights(state_dict, version)`` only tells the actor to
+  move its ``Subscriber`` to ``version`` (applying the deltas it lacks) and switch in flight, as
+  the embedded service does. The actor restarts if its process dies (``max_restarts``): it comes
+  back at the newest published version and Ray re-issues the ``generate`` calls in flight, which
+  carry their seeds, so an episode never sees the failure (``inference_restarts`` counts these
+  restarts, as it counts engine restarts on the embedded backend).
+- **environment workers**: one threaded actor per worker, each holding an ``EnvWorker`` whose
+  inference service is a proxy (``RemoteInference``) making remote calls to the inference actor.
+  A finished ``Group`` goes back through the Ray object store; ``start`` returns a
+  ``concurrent.futures.Future`` for it. A daemon thread of this process pings the actor every
+  ``services.heartbeat_s``; ``last_beat`` moves only when a ping answers within
+  ``services.worker_timeout_s``, so a killed or hung actor goes silent and the dispatcher
+  (``AsyncRLRun._dispatch``) declares it dead and samples its group again elsewhere. A dead
+  actor's group future never completes (as a dead embedded worker's), so the one route to
+  "dead" is the silence. The ping also carries the indices whose grading started, which this
+  process hands to the reconciler.
+- **evaluation**: one actor holding an ``EvaluationService`` that loads each version it is asked
+  for from the weight store; ``submit`` and ``poll`` are remote calls.
+
+**What travels.** No weights through Ray. The actors that hold a model (inference, evaluation)
+build it from the run's ``initial`` folder (the architecture and tokenizer) and take the version
+they serve from the weight store, so their constructor arguments are a few strings and the
+recipe (``Config``, a tree of dataclasses): a restarted inference actor needs nothing that
+lived in the object store. An environment worker needs only the tokenizer, put in the object
+store once; tasks go with the calls, finished groups come back through the object store. On a
+multi-node cluster the run folder and ``services.weight_store`` must therefore be readable from
+every node (the default store, ``{run}/weights``, is a local folder), and every node needs
+opencomposer installed.
+
+**Not here.** Fault injection (``services.faults``): a ``FaultPlan`` is an in-process object
+(locks, events) that does not cross into actors, so the fault tests run on the embedded backend;
+what this backend adds, actors killed with ``ray.kill`` (a worker, the inference actor), is
+tested here. The engines run on CPU. Ray is imported only by this module.
+
+**Lifetime.** ``RayServices(run)`` joins ``services.ray_address`` or, when empty, starts a local
+cluster (``services.ray_num_cpus`` CPUs, no dashboard, actor logs kept out of the driver's
+output); ``shutdown()`` kills every actor it made, waits for the Ray calls that other threads
+have in flight (``RayGate``), and stops Ray only if it started it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from opencomposer.config import Config
+from opencomposer.types import Completion, Group, SamplingParams, Task
+
+log = logging.getLogger(__name__)
+
+# CPUs each actor asks Ray for. Environment workers mostly wait (on the sandbox, on inference) and
+# evaluation runs now and then, so they take none, and 2+ workers fit beside inference on a
+# 2-core machine; the process scheduler shares the cores.
+INFERENCE_CPUS = 1
+ENV_WORKER_CPUS = 0
+EVALUATION_CPUS = 0
+STARTUP_TIMEOUT_S = 300.0  # an actor's first answer (a new process importing torch on a busy machine)
+CONTROL_CALLS = 4  # inference threads kept for sessions and weights, never held by a generate
+
+
+def _set_threads(threads: int) -> None:
+    """Inside an actor: the recipe's torch threads (``run.threads``; 0 keeps Ray's default)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _load_policy(folder: str, config: Config) -> tuple[torch.nn.Module, Any]:
+    """Inside an actor: the model and tokenizer saved in ``folder`` (the run's ``initial``), on CPU,
+    converted to the ``[numerics]`` format as ``RLRun`` converts the policy that the embedded
+    services copy (the state dict is the same either way)."""
+    from opencomposer.config import ModelConfig
+    from opencomposer.model.loading import load_model
+    from opencomposer.numerics.convert import convert_model
+
+    model, tokenizer = load_model(ModelConfig(kind="hf", path=folder, dtype=config.model.dtype), device="cpu")
+    convert_model(model, config.numerics)
+    return model, tokenizer
+
+
+def _grader(config: Config) -> Any:
+    """A grader of this process, as ``RLRun`` builds it (a ``GradeCache`` holds locks: not picklable)."""
+    from opencomposer.envs.grading import GradeCache, grade
+
+    return GradeCache().grade if config.grading.cache else grade
+
+
+class RayGate:
+    """Ray calls made from threads other than the trainer's (dispatchers, heartbeats) happen only
+    while Ray is up. Any Ray call after ``ray.shutdown`` would quietly start a new local cluster
+    (Ray connects on first use), left running when the process exits; so each such call runs
+    inside ``open()``, which refuses once ``close`` is called, and ``drain`` waits for the calls
+    in flight (shutdown kills the actors they talk to first, so they end at once)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.closed = False
+        self._active = 0
+
+    @contextmanager
+    def open(self) -> Iterator[bool]:
+        """Yields whether Ray is up; while the block runs, ``drain`` waits for it."""
+        with self._cond:
+            entered = not self.closed
+            if entered:
+                self._active += 1
+        try:
+            yield entered
+        finally:
+            if entered:
+                with self._cond:
+                    self._active -= 1
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+
+    def drain(self, timeout: float) -> bool:
+        """Wait for the calls in flight; False if some still run after ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._active == 0, timeout)
+
+
+def actor_lost(error: BaseException | None) -> bool:
+    """Whether ``error`` says the called actor died or cannot be reached (not that the call raised;
+    Ray's error for a call that raised one of these derives from it too)."""
+    return isinstance(error, RayActorError) and not isinstance(error, RayTaskError)
+
+
+def owner(worker_id: int) -> str:
+    """The inference actor's name for the sessions of environment worker ``worker_id``."""
+    return f"env-{worker_id}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference
+
+
+@ray.remote(num_cpus=INFERENCE_CPUS, max_restarts=-1, max_task_retries=-1,
+            concurrency_groups={"control": CONTROL_CALLS})
+class InferenceActor:
+    """An ``InferenceService`` in an actor; sessions are named by their callers and grouped by
+    owner (an environment worker), so a dead worker's sessions can be closed for it."""
+
+    def __init__(self, folder: str, config: Config, store_url: str, version: int):
+        from opencomposer.services.inference import InferenceService
+        from opencomposer.services.weights import WeightStore
+
+        _set_threads(config.run.threads)
+        model, tokenizer = _load_policy(folder, config)
+        self.store = WeightStore(store_url)
+        self.subscriber = self.store.subscribe()
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            version = self.store.latest()  # a restart serves the newest version, as the embedded service's
+        model.load_state_dict(self.subscriber.update(version))
+        self.service = InferenceService(model, tokenizer, version, self._newest)
+        self._loading = threading.Lock()  # the subscriber
+        self._lock = threading.Lock()  # the fields below
+        self._sessions: dict[str, Any] = {}  # session id → ServiceSession
+        self._owned: dict[str, set[str]] = {}  # owner → its open session ids
+        self._closed_owners: set[str] = set()
+
+    def _newest(self) -> tuple[dict[str, torch.Tensor], int]:
+        version = self.store.latest()
+        return self.store.load(version), version
+
+    @ray.method(concurrency_group="control")
+    def max_positions(self) -> int:
+        """The model's position limit (answered once the engine is built)."""
+        return self.service.max_positions
+
+    @ray.method(concurrency_group="control")
+    def restarts(self) -> int:
+        """Restarts of this actor's process (Ray's count, the one ``was_current_actor_reconstructed``
+        reads), plus engine restarts inside the current process."""
+        from ray._private.state import actors
+
+        process_restarts = actors(actor_id=ray.get_runtime_context().get_actor_id())["NumRestarts"]
+        return process_restarts + self.service.restarts
+
+    @ray.method(concurrency_group="control")
+    def policy_version(self) -> int:
+        return self.service.policy_version
+
+    @ray.method(concurrency_group="control")
+    def load_version(self, version: int) -> None:
+        """Move to ``version`` from the weight store (the deltas since the subscriber's version),
+        switching in flight."""
+        with self._loading:
+            self.subscriber.load_into(self.service, version)
+
+    def _session(self, owner: str, session_id: str) -> Any:
+        with self._lock:
+            if owner in self._closed_owners:
+                raise RuntimeError(f"inference session {session_id}: its worker {owner} was declared dead")
+            session = self._sessions.get(session_id)
+            if session is None:  # opened now, or before a restart of this actor
+                session = self._sessions[session_id] = self.service.session()
+                self._owned.setdefault(owner, set()).add(session_id)
+            return session
+
+    @ray.method(concurrency_group="control")
+    def open_session(self, owner: str, session_id: str) -> None:
+        self._session(owner, session_id)
+
+    def generate(self, owner: str, session_id: str, prompts: list[list[int]], params: SamplingParams,
+                 n: int) -> list[Completion]:
+        completions = self._session(owner, session_id).generate(prompts, params, n)
+        if owner in self._closed_owners:  # closed while it generated: it must not hold the batcher
+            self.close_session(session_id)
+        return completions
+
+    @ray.method(concurrency_group="control")
+    def close_session(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            for owned in self._owned.values():
+                owned.discard(session_id)
+        if session is not None:
+            session.close()
+
+    @ray.method(concurrency_group="control")
+    def close_owner(self, owner: str) -> None:
+        """Close every session of ``owner`` (a worker declared dead cannot close its own), so the
+        batcher stops waiting for them, and refuse any it still sends."""
+        with self._lock:
+            self._closed_owners.add(owner)
+            owned = self._owned.pop(owner, set())
+        for session_id in owned:
+            self.close_session(session_id)
+
+
+class RemoteInference:
+    """The inference actor as a process sees it: an ``InferenceService`` (``protocols``) whose
+    sessions and weight loads are remote calls. ``owner`` names the caller's sessions (an
+    environment worker's, or the trainer's)."""
+
+    def __init__(self, actor: Any, owner: str, tokenizer: Any):
+        self.actor, self.owner, self.tokenizer = actor, owner, tokenizer
+        self._max_positions: int | None = None
+
+    @property
+    def max_positions(self) -> int:
+        if self._max_positions is None:
+            self._max_positions = _ask(self.actor.max_positions.remote())
+        return self._max_positions
+
+    @property
+    def policy_version(self) -> int:
+        return _ask(self.actor.policy_version.remote())
+
+    def session(self) -> RemoteSession:
+        return RemoteSession(self)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Switch the actor to ``version``, which the trainer has already published: the actor reads
+        it from the weight store (``state_dict`` does not travel). Returns once the engine has it
+        (in flight, under a running batch), so the reconciler admits nothing older after it."""
+        _ask(self.actor.load_version.remote(version))
+
+    @property
+    def restarts(self) -> int:
+        return _ask(self.actor.restarts.remote())
+
+
+class RemoteSession:
+    """One episode's session over the inference actor (an ``Engine``, as ``ServiceSession``)."""
+
+    def __init__(self, inference: RemoteInference):
+        self.inference = inference
+        self.id = uuid.uuid4().hex
+        self.tokenizer = inference.tokenizer
+        self.max_positions = inference.max_positions
+        # opened now, not at the first turn: the batcher waits for every open session's request
+        _ask(inference.actor.open_session.remote(inference.owner, self.id))
+
+    @property
+    def policy_version(self) -> int:
+        return self.inference.policy_version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Completion]:
+        inference = self.inference
+        return _ask(inference.actor.generate.remote(inference.owner, self.id, prompts, params, n))
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.inference.load_weights(state_dict, version)
+
+    def close(self) -> None:
+        _ask(self.inference.actor.close_session.remote(self.id))
+
+
+def _ask(call: Any) -> Any:
+    """``ray.get`` of a call to the inference actor. Ray re-issues calls to a restarting actor; one
+    gone for good raises a RuntimeError, which an episode's policy reports as an infrastructure
+    failure (retried)."""
+    try:
+        return ray.get(call)
+    except RayActorError as e:
+        if not actor_lost(e):
+            raise
+        raise RuntimeError(f"the inference actor is gone: {e}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment workers
+
+
+@ray.remote(num_cpus=ENV_WORKER_CPUS, concurrency_groups={"heartbeat": 1})
+class EnvWorkerActor:
+    """An ``EnvWorker`` in an actor: ``run_group`` rolls out one group at a time, ``ping`` answers
+    the heartbeat (in a thread of its own, never behind a group)."""
+
+    def __init__(self, worker_id: int, inference: Any, tokenizer: Any, config: Config):
+        from opencomposer.services.environments import EnvWorker
+
+        _set_threads(config.run.threads)
+        remote = RemoteInference(inference, owner(worker_id), tokenizer)
+        self._grading: list[int] = []  # indices whose grading started since the last ping
+        self._lock = threading.Lock()
+        self.worker = EnvWorker(worker_id, remote, tokenizer, config, grader=_grader(config),
+                                on_grading=self._grading_started)
+
+    def _grading_started(self, index: int) -> None:
+        with self._lock:
+            self._grading.append(index)
+
+    @ray.method(concurrency_group="heartbeat")
+    def ping(self) -> list[int]:
+        """Alive; the indices whose grading started since the last ping."""
+        with self._lock:
+            grading, self._grading = self._grading, []
+        return grading
+
+    def run_group(self, index: int, task: Task, seeds: list[int], attempt: int) -> Group:
+        return self.worker.run_group(index, task, seeds, attempt)
+
+
+class RemoteEnvWorker:
+    """This process's handle on one environment worker actor: the ``EnvWorker`` interface the
+    dispatcher uses (``worker_id``, ``last_beat``, ``start``, ``close``)."""
+
+    def __init__(self, worker_id: int, actor: Any, inference: RemoteInference, config: Config,
+                 on_grading: Callable[[int], None], gate: RayGate):
+        self.worker_id, self.actor, self.inference = worker_id, actor, inference
+        self.heartbeat_s, self.timeout_s = config.services.heartbeat_s, config.services.worker_timeout_s
+        self.on_grading, self.gate = on_grading, gate
+        self.running: int | None = None  # the stream index of the group in flight
+        self.lost = False  # a group's result is lost with the actor: silent from then on
+        try:
+            ray.get(actor.ping.remote(), timeout=STARTUP_TIMEOUT_S)  # silence counts from a started actor
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            raise
+        self.last_beat = time.monotonic()
+        self._closed = threading.Event()
+        self.beating = threading.Thread(target=self._beat, name=f"ray-env-{worker_id}-heartbeat", daemon=True)
+        self.beating.start()
+
+    def _beat(self) -> None:
+        """Contract: pings the actor every ``heartbeat_s`` until ``close``; a ping answered within
+        ``timeout_s`` moves ``last_beat`` and hands its grading indices to ``on_grading``; one that
+        fails or times out leaves ``last_beat`` where it was (the dispatcher judges the silence).
+        A worker whose group's result was lost stops beating even if the actor still answers: its
+        group can never complete, so only its silence gets the group sampled again."""
+        while not self._closed.wait(self.heartbeat_s):
+            with self.gate.open() as up:
+                if not up:
+                    return
+                try:
+                    grading = ray.get(self.actor.ping.remote(), timeout=self.timeout_s)
+                except RayError:  # dead, or too busy to answer: silent either way
+                    continue
+            if self._closed.is_set() or self.lost:
+                return
+            self.last_beat = time.monotonic()
+            for index in grading:
+                self.on_grading(index)
+
+    def start(self, index: int, task: Task, seeds: list[int], attempt: int) -> Future:
+        """The group, rolled out by the actor and fetched from the object store; a dead actor's
+        future never completes (nor does one started after shutdown), any other failure is raised
+        by ``result()``."""
+        future: Future = Future()
+        self.running = index
+
+        def finished(done: Future) -> None:
+            error = done.exception()
+            if actor_lost(error):
+                self.lost = True  # silence, as from a dead embedded worker (``_beat``)
+                return
+            self.running = None
+            if error is None:
+                future.set_result(done.result())
+            else:
+                future.set_exception(error)
+
+        with self.gate.open() as up:
+            if up:
+                self.actor.run_group.remote(index, task, seeds, attempt).future().add_done_callback(finished)
+        return future
+
+    def close(self) -> None:
+        """Kill the actor and close the inference sessions it left open (idempotent; after
+        shutdown, which killed every actor, nothing is left to do)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self.gate.open() as up:
+            if up:
+                ray.kill(self.actor, no_restart=True)
+                self.inference.actor.close_owner.remote(owner(self.worker_id))
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@ray.remote(num_cpus=EVALUATION_CPUS)
+class EvaluationActor:
+    """An ``EvaluationService`` in an actor, loading versions from the weight store. One call at a
+    time (the service's own thread runs the evaluations), so submits and polls keep their order."""
+
+    def __init__(self, folder: str, config: Config, tasks: list[Task], store_url: str):
+        from opencomposer.services.evaluation import EvaluationService
+        from opencomposer.services.weights import WeightStore
+
+        _set_threads(config.run.threads)
+        model, tokenizer = _load_policy(folder, config)
+        self.service = EvaluationService(model, tokenizer, config, tasks, WeightStore(store_url).load,
+                                         _grader(config))
+
+    def submit(self, version: int) -> None:
+        self.service.submit(version)
+
+    def poll(self, wait: bool) -> list[tuple[int, dict[str, float]]]:
+        return self.service.poll(wait=wait)
+
+
+class EvaluationClient:
+    """This process's handle on the evaluation actor (``EvaluationService``'s interface). A failed
+    evaluation raises from ``poll`` as a ``RuntimeError`` naming the version, as embedded."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+        self.pending = 0
+
+    def submit(self, version: int) -> None:
+        self.pending += 1
+        self.actor.submit.remote(version)
+
+    def poll(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]:
+        """Finished evaluations, oldest first; ``wait`` blocks until none is pending."""
+        if not self.pending:
+            return []
+        done = ray.get(self.actor.poll.remote(wait))
+        self.pending -= len(done)
+        return done
+
+    def close(self) -> None:
+        ray.kill(self.actor, no_restart=True)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _init_ray(config: Config) -> bool:
+    """Join ``services.ray_address`` or start a local cluster; True when this call started Ray."""
+    if ray.is_initialized():
+        return False
+    # A new local cluster uses token authentication (Ray's default, which it logs once). Setting
+    # RAY_AUTH_MODE=token here to silence that would break it: Ray reads the mode at import.
+    services = config.services
+    ray.init(address=services.ray_address or None,
+             num_cpus=None if services.ray_address else services.ray_num_cpus or None,
+             include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    return True
+
+
+class RayServices:
+    """See module doc; ``run`` is the ``AsyncRLRun`` whose services these are."""
+
+    def __init__(self, run: Any):
+        if run.faults is not None:
+            raise ValueError(
+                "fault injection (a FaultPlan) runs on services.backend = \"embedded\" only: the plan "
+                "does not cross into Ray actors; to kill a worker under Ray, ray.kill its actor"
+            )
+        self.run = run
+        config = run.config
+        self.started_ray = _init_ray(config)
+        self.workers: list[RemoteEnvWorker] = []  # every worker made, dead or alive
+        self.evaluation: EvaluationClient | None = None
+        self.gate = RayGate()
+        self._lock = threading.Lock()  # ``workers``, the two fields below, and the gate's closing
+        self._actors: list[Any] = []  # every actor made, killed at shutdown
+        self._starting: dict[int, Any] = {}  # the first workers' actors, started with the others
+        try:
+            self.tokenizer = ray.put(run.tokenizer)
+            initial = str(run.run_dir / "initial")
+            # every episode of every worker may wait in generate at once, and a dead worker's calls
+            # may still be draining
+            concurrency = 2 * run.workers_count * config.rl.group_size + 8
+            inference = InferenceActor.options(max_concurrency=concurrency).remote(
+                initial, config, run.store.url, run.state.step)
+            self._actors.append(inference)
+            if run.heldout:
+                evaluation = EvaluationActor.remote(initial, config, run.heldout, run.store.url)
+                self._actors.append(evaluation)
+                self.evaluation = EvaluationClient(evaluation)
+            with self._lock:
+                self._starting = {i: self._worker_actor(i, inference) for i in range(run.workers_count)}
+            self.inference = RemoteInference(inference, "trainer", run.tokenizer)
+            ray.get(inference.max_positions.remote(), timeout=STARTUP_TIMEOUT_S)  # its engine is built
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def new_worker(self, worker_id: int) -> RemoteEnvWorker:
+        """A new environment worker actor, returned once it answers its first ping."""
+        with self.gate.open() as up:
+            with self._lock:
+                if not up or self.gate.closed:
+                    raise RuntimeError(f"environment worker {worker_id}: the Ray services are shut down")
+                actor = self._starting.pop(worker_id, None)
+                actor = actor or self._worker_actor(worker_id, self.inference.actor)
+            worker = RemoteEnvWorker(worker_id, actor, self.inference, self.run.config,
+                                     self.run.reconciler.grading, self.gate)
+        with self._lock:
+            self.workers.append(worker)
+        return worker
+
+    def _worker_actor(self, worker_id: int, inference: Any) -> Any:
+        """A new worker actor, recorded for shutdown (the caller holds the lock)."""
+        actor = EnvWorkerActor.remote(worker_id, inference, self.tokenizer, self.run.config)
+        self._actors.append(actor)
+        return actor
+
+    @property
+    def inference_restarts(self) -> int:
+        return self.inference.restarts
+
+    def shutdown(self) -> None:
+        """Kill every actor; stop Ray if ``__init__`` started it, once no other thread is calling it."""
+        with self._lock:
+            self.gate.close()
+            actors = list(self._actors)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if not self.gate.drain(timeout=30.0):
+            log.warning("Ray calls of the environment dispatchers still running 30 s after shutdown began")
+        if self.started_ray:
+            ray.shutdown()
