@@ -94,11 +94,11 @@ def test_faults_leave_a_finished_run_and_an_exactly_once_record(tmp_path: Path):
         Fault("kill_worker", index=0, sample=1),
         Fault("crash_grader", index=1, sample=2),
         Fault("hang_sandbox", index=2, sample=0),
-        Fault("kill_inference", after=6),
+        Fault("kill_inference", after=1),  # the second engine call dies
     ])
     config = config_for(tmp_path, "faults", "rl.steps=2", "rl.mode=async", "rl.max_staleness=1",
                         "services.worker_timeout_s=1.5", "services.heartbeat_s=0.25",
-                        "services.episode_timeout_s=20")
+                        "services.episode_timeout_s=12")
     runs = []
     started = time.monotonic()
     try:
