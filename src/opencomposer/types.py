@@ -187,7 +187,9 @@ class Turn:
 
     The context after this turn is ``previous context + token_ids + observation_ids``.
     ``routes`` is ``[len(token_ids), moe_layers, top_k]`` (uint8 or uint16) for MoE policies that
-    report the experts they used, else None.
+    report the experts they used, else None; ``observation_routes`` (``[len(observation_ids),
+    moe_layers, top_k]``) are those of the observation, which the engine first runs in the prefill
+    of the next turn (``Segment.record_context_routes``; None until then, and after the last turn).
 
     ``policy_version`` is the version that sampled the first token. A sampler that switches weights
     in flight (``inference.local``) can change version inside a turn; ``token_versions`` then holds
@@ -203,6 +205,7 @@ class Turn:
     tool_calls: list[ToolCall] = field(default_factory=list)
     observation_ids: list[int] = field(default_factory=list)  # appended by the environment
     observation_kinds: list[TokenKind] = field(default_factory=list)
+    observation_routes: np.ndarray | None = None
     policy_version: int = 0
     token_versions: list[int] = field(default_factory=list)  # per token of token_ids, or empty
     finish_reason: str = ""
@@ -223,11 +226,16 @@ class Turn:
 @dataclass
 class Segment:
     """One context window of a rollout: the prompt ids it started from and the turns inside it.
-    A self-summary closes a segment and opens the next with a fresh prompt."""
+    A self-summary closes a segment and opens the next with a fresh prompt.
+
+    Routes (MoE policies, for router replay): every position of the context has at most one,
+    kept where its tokens are (``prompt_routes`` ``[len(prompt_ids), moe_layers, top_k]``, each
+    turn's ``routes`` and ``observation_routes``); ``routes()`` lays them out in context order."""
 
     prompt_ids: list[int]
     turns: list[Turn] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)  # the same context as chat messages
+    prompt_routes: np.ndarray | None = None
 
     def token_ids(self) -> list[int]:
         """The whole context of this segment as the model saw it (prompt, then every turn)."""
@@ -244,6 +252,59 @@ class Segment:
             mask += [True] * len(turn.token_ids)
             mask += [False] * len(turn.observation_ids)
         return mask
+
+    def _route_parts(self) -> list[tuple[str, int, Any, str]]:
+        """(name, tokens, owner, attribute) of every run of positions, in context order."""
+        parts = [("prompt", len(self.prompt_ids), self, "prompt_routes")]
+        for t, turn in enumerate(self.turns):
+            parts.append((f"turn {t} tokens", len(turn.token_ids), turn, "routes"))
+            parts.append((f"turn {t} observation", len(turn.observation_ids), turn, "observation_routes"))
+        return parts
+
+    def record_context_routes(self, routes: np.ndarray) -> None:
+        """Keep the routes an engine reported for this segment's whole context so far
+        (``[len(token_ids()), moe_layers, top_k]``: the prompt routes of the call that samples the
+        next turn) on the positions that have none yet: the segment prompt at the first turn, the
+        previous turn's observation at the next ones. Positions that have routes keep them: the
+        earliest call that ran a position wins, which is what an engine reusing its prefix cache
+        across turns computed with (and what R3 caches beside it)."""
+        if routes.ndim != 3 or len(routes) != len(self.token_ids()):
+            raise ValueError(
+                f"context routes: shape {routes.shape}, expected [{len(self.token_ids())}, moe_layers, top_k] "
+                f"(one route per position of the segment's context)"
+            )
+        start = 0
+        for _, tokens, owner, attribute in self._route_parts():
+            if tokens and getattr(owner, attribute) is None:  # a copy: a view would keep the whole context's array
+                setattr(owner, attribute, routes[start : start + tokens].copy())
+            start += tokens
+
+    def routes(self) -> np.ndarray | None:
+        """``[len(token_ids()), moe_layers, top_k]`` int32: the route of every position of the
+        context (what the model's input at that position was routed to), -1 on positions without
+        one (the last observation, which no call ran, or a turn of a policy that reports none);
+        None when nothing in the segment has routes. Raises ValueError, naming the part, when a
+        part's routes do not match its tokens or the others' layers and top-k."""
+        parts = self._route_parts()
+        known = [(name, tokens, getattr(owner, attribute)) for name, tokens, owner, attribute in parts
+                 if getattr(owner, attribute) is not None]
+        if not known:
+            return None
+        shape = known[0][2].shape[1:]
+        for name, tokens, routes in known:
+            if routes.ndim != 3 or len(routes) != tokens or routes.shape[1:] != shape:
+                raise ValueError(
+                    f"segment routes: {name} has routes of shape {routes.shape}, expected [{tokens}, "
+                    f"{', '.join(map(str, shape))}] (its tokens, and the layers and top-k of the other parts)"
+                )
+        out = np.full((len(self.token_ids()), *shape), -1, dtype=np.int32)
+        start = 0
+        for _, tokens, owner, attribute in parts:
+            routes = getattr(owner, attribute)
+            if routes is not None:
+                out[start : start + tokens] = routes
+            start += tokens
+        return out
 
 
 @dataclass
@@ -321,8 +382,10 @@ class TrainBatch:
 
     Built by the trainer from episodes. ``loss_mask`` is 1 on model-sampled target tokens;
     ``advantages`` is the per-token advantage (0 where masked); ``sampler_logprobs`` and
-    ``ref_logprobs`` are aligned with the *target* token at each position; ``routes`` is
-    ``[rows, seq_len, moe_layers, top_k]`` or None; ``segment_ids`` separates packed sequences;
+    ``ref_logprobs`` are aligned with the *target* token at each position; ``routes`` (int32,
+    ``[rows, seq_len, moe_layers, top_k]``) is aligned with the *input* token: the experts the
+    sampler routed it to, -1 where unknown (padding, positions no engine call ran), None when no
+    row has routes; ``segment_ids`` separates packed sequences;
     ``versions`` (int64) is the policy version that sampled each target token, -1 on tokens the
     model did not sample and on padding (None when the batch was built without them).
     """
@@ -377,7 +440,10 @@ class Completion:
     """One sampled continuation of one prompt.
 
     ``routed_experts``: ``[len(token_ids), moe_layers, top_k]`` uint8 (uint16 above 256 experts)
-    for MoE models, None for dense ones. ``finish_reason``: ``"stop"`` (EOS, stop token or stop
+    for MoE models, None for dense ones; ``prompt_routed_experts``: ``[len(prompt), moe_layers,
+    top_k]``, the routes of the prompt's prefill (None for dense models, and when nothing was run:
+    ``max_new_tokens = 0``). Row ``p`` of ``prompt_routed_experts + routed_experts`` is the route
+    of input position ``p`` of the context. ``finish_reason``: ``"stop"`` (EOS, stop token or stop
     string) or ``"length"`` (max_new_tokens reached).
 
     ``token_versions``: the policy version that sampled each token; a sampler that takes new
@@ -391,6 +457,7 @@ class Completion:
     finish_reason: str
     text: str = ""
     routed_experts: np.ndarray | None = None
+    prompt_routed_experts: np.ndarray | None = None
     prompt_index: int = 0
     sample_index: int = 0
     policy_version: int = 0
@@ -413,13 +480,15 @@ class Context:
 @dataclass
 class PolicyOutput:
     """One model turn. ``token_ids`` / ``logprobs`` / ``routes`` (``[tokens, moe_layers, top_k]``)
-    come from token-level policies; ``tool_calls`` from servers with native function calling
-    (None means: parse them from ``text``)."""
+    come from token-level policies, with ``prompt_routes`` (``[len(Context.token_ids), moe_layers,
+    top_k]``, the routes of the context's prefill); ``tool_calls`` from servers with native
+    function calling (None means: parse them from ``text``)."""
 
     text: str
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     routes: np.ndarray | None = None
+    prompt_routes: np.ndarray | None = None
     finish_reason: str = "stop"
     tool_calls: list[ToolCall] | None = None
     format_error: str | None = None  # native tool calls that could not be read

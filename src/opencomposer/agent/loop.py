@@ -17,7 +17,9 @@ numbers (``policy_s``, ``waited_s``) beside the plain ``wall_s``.
 
 The history is the prompt: for token-in/token-out policies a ``TokenTranscript`` keeps the exact
 ids (sampled ids, their logprobs, routes and kinds, then the tool-output ids the environment
-appended) in the current ``Segment``; for text policies the chat messages are the record.
+appended) in the current ``Segment``, whose routes cover the prompt and tool outputs too (from the
+prefill routes of the next turn's call, ``Segment.record_context_routes``); for text policies the
+chat messages are the record.
 
 Self-summarisation (RECIPE.md §5) plugs in through ``Summarizer``: before each turn the loop asks
 it whether to close the segment; if so, it writes the summary turn and returns the messages that
@@ -190,6 +192,11 @@ class AgentLoop:
             logprobs = list(output.logprobs)
             if len(logprobs) != len(ids):
                 raise PolicyError(f"policy returned {len(ids)} token ids but {len(logprobs)} logprobs")
+            if output.prompt_routes is not None:  # routes of the context so far: fill the positions without
+                try:
+                    self.segment.record_context_routes(output.prompt_routes)
+                except ValueError as e:
+                    raise PolicyError(f"policy {self.policy.name!r}: {e}") from e
             content = self.transcript.model_turn(ids, output.finish_reason)
             turn = Turn(token_ids=ids, logprobs=logprobs, token_kinds=token_kinds(self.tokenizer, ids),
                         text=content, routes=output.routes)

@@ -223,6 +223,23 @@ class RLConfig(Section):
     micro_batch_tokens: int = 16_384
     """Padded positions (rows × longest row) per micro-batch; bounds activation memory. Gradients of
     the micro-batches of a step add up before the one optimizer step."""
+    router_replay: Literal["off", "replay", "filtered"] = "off"
+    """Router replay (report §6.2; R3): the trainer's forward selects the experts the sampler
+    routed each position to (``Completion.prompt_routed_experts`` and ``routed_experts``, carried
+    by the segments into ``TrainBatch.routes``) and weights them with its own router scores, so the
+    router still learns. ``replay``: every recorded route; ``filtered``: with the confidence filter
+    (``router_replay_threshold``). ``off`` (our default, so dense models and existing runs are
+    unchanged): the trainer routes by itself. MoE models only; the reference forward always routes
+    by itself. See docs/numerics.md, "Router replay"."""
+    router_replay_threshold: float = 0.5
+    """Confidence filter of ``router_replay = "filtered"``: a replayed expert whose trainer gate
+    score (softmax probability; for DeepSeek-V3 the sigmoid affinity, without the load-balancing
+    bias) is below this fraction of the smallest gate score among the trainer's own top-k is
+    replaced by the trainer's best own candidate not already selected. The report gives no value.
+    0.5: rounding differences between sampler and trainer flip only near-ties, whose replayed
+    expert scores close to the trainer's k-th (ratio near 1) and is kept; an expert the trainer
+    scores at under half its weakest own pick comes from something else (stale weights, another
+    format), and the trainer's own choice is the plausible one. In (0, 1]."""
     task_family: TaskFamily = ""
     """Generate the training stream and the held-out suite from a built-in family
     (``opencomposer.tasks.generators.tiny``; its held-out split never appears in training) into
@@ -281,6 +298,10 @@ class RLConfig(Section):
             raise ConfigError(f"rl.adam_betas: expected two numbers in [0, 1), got {self.adam_betas}")
         if self.grad_clip < 0:
             raise ConfigError(f"rl.grad_clip: must be >= 0 (0 = off), got {self.grad_clip}")
+        if not 0.0 < self.router_replay_threshold <= 1.0:
+            raise ConfigError(
+                f"rl.router_replay_threshold: expected a ratio in (0, 1], got {self.router_replay_threshold}"
+            )
         if self.micro_batch_tokens < 64:
             raise ConfigError(f"rl.micro_batch_tokens: must be at least 64, got {self.micro_batch_tokens}")
         if self.rollout_workers < 0:

@@ -36,7 +36,9 @@ What this module does instead, for the decode steps of Llama/Qwen-style models:
    of the vector width, so no row sits in a scalar tail.
 
 Routing in the MoE layers is computed here too (router logits through ``tiled_linear``, then the
-model's softmax / top-k / renormalisation), and the chosen experts go to the ``RouteRecorder``.
+model's softmax / top-k / renormalisation), and the chosen experts go to the ``RouteRecorder``;
+the routes of each prompt's prefill (through the model's own router modules) are taken row by row
+into ``InvariantDecoder.prompt_routes``.
 
 What it guarantees: with the same weights, torch build and thread count, a (prompt, seed) pair
 gives the same tokens, log-probabilities (bit for bit) and routes whatever else is in the call.
@@ -205,17 +207,23 @@ class InvariantDecoder:
         self.head_dim = attention.head_dim
         self.scaling = attention.scaling
         self.cache: list[_BlockCache] = []
+        self.prompt_routes: list[torch.Tensor] = []  # per prefilled row, [length, moe_layers, top_k]
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Each row of the left-padded ``input_ids`` [rows, T] on its own; logits [rows, 1, V]."""
+        """Each row of the left-padded ``input_ids`` [rows, T] on its own; logits [rows, 1, V].
+        With a recorder on an MoE model, ``prompt_routes`` then holds each row's routes."""
         lengths = mask.sum(dim=1).tolist()
         width = input_ids.shape[1]
         capacity = -(-(max(lengths) + 1) // BLOCK) * BLOCK
         logits, keys, values = [], [], []
+        self.prompt_routes = []
         for r, length in enumerate(lengths):
             alone = LeanDecoder(self.model)
             ids = input_ids[r : r + 1, width - length :]
             logits.append(alone.prefill(ids, torch.ones_like(ids), positions[r : r + 1, width - length :]))
+            routes = self.recorder.take(1, length) if self.recorder is not None else None
+            if routes is not None:
+                self.prompt_routes.append(routes[0])
             keys.append([kv.k[0, :, :length] for kv in alone.cache])
             values.append([kv.v[0, :, :length] for kv in alone.cache])
         self.cache = []

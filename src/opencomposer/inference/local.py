@@ -33,9 +33,12 @@ Every completion carries the sampler's log-probability of each token under the d
 was drawn from: temperature-scaled, cut by top-k / top-p and renormalised (``inference.sampling``,
 the rule the trainer scores tokens with too; at temperature 0, greedy, the log-softmax at
 temperature 1) and, for MoE models,
-the experts each token was routed to, ``[tokens, moe_layers, top_k]``. A token's route is known
-only once it has been fed back as input, so a row that finishes rides along for one more forward
-before it is dropped.
+the experts each token was routed to, ``[tokens, moe_layers, top_k]``, and those of every prompt
+position in the prefill (``Completion.prompt_routed_experts``, ``[len(prompt), moe_layers,
+top_k]``), so that together they give a route for every input position of the context the call
+ran: the trainer replays them (``model.routing.RouterReplay``). A token's route is known only once
+it has been fed back as input, so a row that finishes rides along for one more forward before it is
+dropped.
 
 **In-flight weight updates.** ``load_weights`` may be called from another thread while
 ``generate`` runs (an asynchronous trainer publishing a new policy version). The update is staged
@@ -105,8 +108,8 @@ def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
 class _Row:
     """Decoding state of one (prompt, sample) pair."""
 
-    __slots__ = ("slot", "prompt_index", "sample_index", "tokens", "logprobs", "versions", "routes", "finish",
-                 "position")
+    __slots__ = ("slot", "prompt_index", "sample_index", "tokens", "logprobs", "versions", "routes",
+                 "prompt_routes", "finish", "position")
 
     def __init__(self, slot: int, prompt_index: int, sample_index: int, position: int):
         self.slot = slot  # row of the chunk's uniform-number table
@@ -116,6 +119,7 @@ class _Row:
         self.logprobs: list[float] = []
         self.versions: list[int] = []  # policy version that sampled each token
         self.routes: list[np.ndarray] = []
+        self.prompt_routes: np.ndarray | None = None  # [len(prompt), layers, k], from the prefill
         self.finish: str | None = None
         self.position = position  # position id of the next token to feed
 
@@ -284,7 +288,9 @@ class LocalEngine:
             else:
                 decoder = LeanDecoder(self.model) if self.lean else HFDecoder(self.model)
             logits = decoder.prefill(input_ids.to(dev), mask.to(dev), position_ids.to(dev))
-            recorder.clear()  # prompt routes are not returned
+            prompt_routes = self._prompt_routes(decoder, recorder, lengths, width)
+            for row in rows:
+                row.prompt_routes = prompt_routes[row.slot // n]  # the n samples share one prefill
             logits = logits[:, -1, :].float().repeat_interleave(n, dim=0)  # [rows, V]
             decoder.repeat(n)
             live = rows  # rows still in the batch, aligned with dim 0 of logits and the cache
@@ -330,6 +336,22 @@ class LocalEngine:
                         row.routes.append(routes[k])
         return [self._completion(row, first_version) for row in rows]
 
+    def _prompt_routes(
+        self, decoder: Any, recorder: RouteRecorder, lengths: list[int], width: int
+    ) -> list[np.ndarray | None]:
+        """Each prompt's prefill routes, ``[length, moe_layers, top_k]`` (None for dense models).
+        The batch-invariant decoder prefills prompt by prompt and keeps them per row; the others
+        prefill the left-padded batch, whose padding is cut off."""
+        if not self.is_moe:
+            recorder.clear()
+            return [None] * len(lengths)
+        if isinstance(decoder, InvariantDecoder):
+            routes = decoder.prompt_routes
+        else:
+            padded = recorder.take(len(lengths), width)  # [prompts, width, layers, k]
+            routes = [padded[r, width - length :] for r, length in enumerate(lengths)]
+        return [r.cpu().numpy().astype(self.route_dtype) for r in routes]
+
     def _finish_reason(
         self, row: _Row, token: int, params: SamplingParams, stop_ids: set[int], stop_window: int
     ) -> str | None:
@@ -358,6 +380,7 @@ class LocalEngine:
             finish_reason=row.finish or "length",
             text=self.tokenizer.decode(row.tokens, skip_special_tokens=False),
             routed_experts=routes,
+            prompt_routed_experts=row.prompt_routes,
             prompt_index=row.prompt_index,
             sample_index=row.sample_index,
             policy_version=version,

@@ -30,8 +30,9 @@ Every loss returns ``(loss, metrics)``; metrics are Python floats over this batc
 entropy, KL to the sampler (train/inference mismatch), ratio range, KL to the reference, and the
 clip or truncation fractions of the variants that clip. Two more families are statistics of the
 whole step, not means that micro-batches add up to, so the step computes them once over all its
-tokens: the importance ratio's mean and tail (``ratio_metrics``) and, when sampling runs ahead of
-training, the staleness of the tokens (``staleness_metrics``). They only measure: the corrections
+tokens: the importance ratio's mean and tail (``ratio_metrics``), the sampler/trainer KL
+(``mismatch_kl``) and, when sampling runs ahead of training, the staleness of the tokens
+(``staleness_metrics``). They only measure: the corrections
 (``tis``, ``ppo_clip`` and the other clipped losses) stay opt-in through ``rl.loss.name``.
 """
 
@@ -319,6 +320,22 @@ def ratio_metrics(log_ratios: torch.Tensor) -> dict[str, float]:
     rank = max(math.ceil(0.99 * distance.numel()), 1)
     values = torch.stack([log_ratios.detach().double().exp().mean(), distance[rank - 1]]).tolist()
     return {"ratio_mean": values[0], "log_ratio_abs_p99": values[1]}
+
+
+@torch.no_grad()
+def mismatch_kl(log_ratios: torch.Tensor) -> dict[str, float]:
+    """``mismatch_kl``: the per-token KL(π_sampler ‖ π_θ) of a step, averaged over its model
+    tokens; ``log_ratios`` [tokens] is log π_θ − log π_sampler on each. Each token is estimated by
+    k3 = ρ − 1 − log ρ (Schulman's estimator, ``rl.kl.k3``): unbiased for tokens drawn from the
+    sampler, never negative, and of low variance while the two agree, the regime a
+    sampler/trainer mismatch lives in (k1 is reported as ``kl_sampler_k1``). The same number as
+    the token-weighted ``kl_sampler``, computed once over the step in float64; it is the
+    quantity router replay is meant to lower (R3, arXiv 2510.11370). Empty when there are no
+    tokens."""
+    if log_ratios.numel() == 0:
+        return {}
+    log_ratios = log_ratios.detach().double()
+    return {"mismatch_kl": float(k3(torch.zeros_like(log_ratios), log_ratios).mean())}
 
 
 @torch.no_grad()

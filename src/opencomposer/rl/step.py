@@ -16,9 +16,15 @@ stops the run with an error instead of corrupting the weights.
 Returns ``(loss, metrics)``: the step's loss and token-weighted means of the loss metrics
 (entropy, KL to the sampler and to the reference, ratio range, ...), plus the gradient norm, and
 the off-policy statistics of the whole step (``rl.losses.ratio_metrics``: ``ratio_mean``,
-``log_ratio_abs_p99``; with ``trainer_version``, ``rl.losses.staleness_metrics``:
-``staleness_mean``, ``staleness_max``, ``staleness_hist/<s>``). They measure and change nothing:
-corrections for staleness are the opt-in losses ``tis`` and ``ppo_clip``.
+``log_ratio_abs_p99``; ``rl.losses.mismatch_kl``: ``mismatch_kl``; with ``trainer_version``,
+``rl.losses.staleness_metrics``: ``staleness_mean``, ``staleness_max``, ``staleness_hist/<s>``).
+They measure and change nothing: corrections for staleness are the opt-in losses ``tis`` and
+``ppo_clip``.
+
+With ``rl.router_replay`` on, every forward replays the sampler's routes (report §6.2;
+``model.routing.RouterReplay``, ``training.forward``), and the step reports
+``router_replay_replace_rate`` (replayed experts the confidence filter replaced; 0 for plain
+``replay``) and ``router_replay_agreement`` (replayed experts the trainer's own top-k also chose).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import dataclasses
 import torch
 
 from opencomposer.config import RLConfig
-from opencomposer.rl.losses import LossInputs, ratio_metrics, rl_loss, staleness_metrics
+from opencomposer.model.routing import RouterReplay
+from opencomposer.rl.losses import LossInputs, mismatch_kl, ratio_metrics, rl_loss, staleness_metrics
 from opencomposer.training.forward import batch_to, token_logprobs
 from opencomposer.types import TrainBatch
 
@@ -65,6 +72,9 @@ def train_step(
     device = next(model.parameters()).device
     num_tokens = float(sum(int(b.loss_mask.sum()) for b in batches))
     num_sequences = float(sum(int(b.loss_mask.any(1).sum()) for b in batches))
+    replay = None
+    if config.router_replay != "off":
+        replay = RouterReplay(model, config.router_replay, config.router_replay_threshold)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total_loss = 0.0
@@ -73,7 +83,7 @@ def train_step(
     for batch in batches:
         batch = batch_to(batch, device)
         logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature,
-                                           top_p=top_p, top_k=top_k)
+                                           top_p=top_p, top_k=top_k, replay=replay)
         inputs = dataclasses.replace(
             LossInputs.from_batch(batch, logprobs, entropy), num_tokens=num_tokens, num_sequences=num_sequences
         )
@@ -102,6 +112,9 @@ def train_step(
     }
     if log_ratios:
         metrics.update(ratio_metrics(torch.cat(log_ratios)))
+        metrics.update(mismatch_kl(torch.cat(log_ratios)))
+    if replay is not None:
+        metrics.update(replay.metrics())
     if versions:
         metrics.update(staleness_metrics(torch.cat(versions), trainer_version))
     metrics["grad_norm"] = grad_norm

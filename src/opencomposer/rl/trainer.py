@@ -10,8 +10,9 @@ Order of one step (docs/rl.md, "How a trainer calls them"):
    Infrastructure failures are never scored; groups left with fewer than two scored episodes
    are dropped.
 2. ``train``: the rows of episodes that have an advantage, micro-batched, through ``step.train_step``
-   (recomputed logprobs, ``rl_loss``, backward, clipping, Adam); given the version it trains, it
-   also reports how stale the sampled tokens were.
+   (recomputed logprobs, with the sampler's routes replayed when ``rl.router_replay`` asks,
+   ``rl_loss``, backward, clipping, Adam); given the version it trains, it also reports how stale
+   the sampled tokens were.
 3. ``publish``: the new weights go into the sampler with the step number as policy version.
 
 The trainer holds the policy, the reference and the optimizer; the loop (``rl.loop``) owns the
@@ -27,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from opencomposer.config import Config
+from opencomposer.config import Config, ConfigError
+from opencomposer.model.routing import replayable_routers
 from opencomposer.rl.advantages import episode_advantages
 from opencomposer.rl.kl import sequence_kl_penalty
 from opencomposer.rl.losses import staleness_metrics
@@ -72,6 +74,11 @@ class Trainer:
         # full-parameter Adam, no weight decay (report §4.1; rl.step)
         self.optimizer = build_optimizer(model, lr=self.rl.lr, betas=tuple(self.rl.adam_betas), eps=self.rl.adam_eps)
         self.updates = 0  # optimizer steps applied (skipped steps do not count); drives the warm-up
+        if self.rl.router_replay != "off":
+            try:
+                replayable_routers(model)
+            except ValueError as e:
+                raise ConfigError(f"rl.router_replay = {self.rl.router_replay!r}: {e}") from e
         # π and π_ref are scored as the sampler draws: at the sampling temperature, cut by top-p /
         # top-k (training.forward.token_logprobs); greedy sampling records the plain log-softmax
         sampling = config.sampling

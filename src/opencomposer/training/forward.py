@@ -17,6 +17,12 @@ Outputs are ``[rows, seq]`` like the batch; positions outside the computed windo
 targets carry no loss). ``tests/training/test_forward.py`` checks values and gradients against the
 plain full-sequence forward. Works with any transformers causal LM that accepts ``cache=`` and
 ``logits_to_keep=`` (Qwen3-MoE, DeepSeek-V3, Llama-family models).
+
+**Router replay** (report §6.2): given a ``model.routing.RouterReplay``, both calls select the
+experts the sampler recorded (``TrainBatch.routes``, aligned with the inputs): the prefix call
+those of the first row's prefix, the rows' call those of their remaining positions. The prefix is
+then shared only as far as the rows' routes agree too, so every row is computed with its own
+routes (``tests/training/test_router_replay_forward.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import dataclasses
 import torch
 
 from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
+from opencomposer.model.routing import RouterReplay
 from opencomposer.types import TrainBatch
 
 MIN_SHARED_PREFIX = 16  # below this, one extra forward call costs more than it saves
@@ -70,13 +77,16 @@ def first_loss_position(batch: TrainBatch) -> int:
     return _first_true(batch.loss_mask.bool().any(0))
 
 
-def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX) -> int:
+def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX, by_routes: bool = False) -> int:
     """How many leading input positions every row shares and no loss target depends on; 0 when
-    sharing is not worth it (one row, or a shorter prefix than ``min_prefix``)."""
+    sharing is not worth it (one row, or a shorter prefix than ``min_prefix``). ``by_routes``:
+    the rows' routes must agree too (router replay)."""
     rows, seq = batch.input_ids.shape
     if rows < 2:
         return 0
     differs = (batch.input_ids != batch.input_ids[:1]).any(0) | (batch.position_ids != batch.position_ids[:1]).any(0)
+    if by_routes and batch.routes is not None:
+        differs |= (batch.routes != batch.routes[:1]).flatten(2).any(-1).any(0)
     length = min(_first_true(differs), first_loss_position(batch), seq - 1)
     return length if length >= min_prefix else 0
 
@@ -98,32 +108,43 @@ def token_logprobs(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    replay: RouterReplay | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [rows, seq] (differentiable), [rows, seq] or None
     """log π(target_t) at every position, and the entropy of π there (detached, when asked).
 
     π is the distribution the sampler draws from: the model's logits divided by ``temperature``,
     cut by ``top_p`` / ``top_k`` and renormalised (``token_logprobs_and_entropy``; the sampler
     records its logprobs by the same rule), so at step 0 the trainer's log π equals the sampler's
-    logprobs whatever the sampling settings."""
+    logprobs whatever the sampling settings. ``replay``: route the MoE layers by ``batch.routes``
+    (module doc); its ``stats`` count what it replayed and replaced."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+    if replay is not None and batch.routes is None:
+        raise ValueError("router replay: the batch carries no routes (the sampler did not report them)")
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     position_ids = batch.position_ids.to(device)
     target_ids = batch.target_ids.to(device)
     rows, seq = input_ids.shape
     start = min(first_loss_position(batch), seq - 1)  # logits are needed from here on
-    prefix = shared_prefix_length(batch) if share_prefix else 0
+    prefix = shared_prefix_length(batch, by_routes=replay is not None) if share_prefix else 0
+
+    def routed(window: tuple[slice, slice]):
+        return contextlib.nullcontext() if replay is None else replay.routes(batch.routes[window].to(device))
+
     with autocast(device, bf16):
         if prefix:
-            shared = model(input_ids=input_ids[:1, :prefix], position_ids=position_ids[:1, :prefix],
-                           use_cache=True, logits_to_keep=1)
+            with routed((slice(0, 1), slice(0, prefix))):
+                shared = model(input_ids=input_ids[:1, :prefix], position_ids=position_ids[:1, :prefix],
+                               use_cache=True, logits_to_keep=1)
             cache = shared.cache
             cache.batch_repeat_interleave(rows)
-            out = model(input_ids=input_ids[:, prefix:], position_ids=position_ids[:, prefix:], cache=cache,
-                        use_cache=True, logits_to_keep=seq - start)
+            with routed((slice(None), slice(prefix, None))):
+                out = model(input_ids=input_ids[:, prefix:], position_ids=position_ids[:, prefix:], cache=cache,
+                            use_cache=True, logits_to_keep=seq - start)
         else:
-            out = model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=seq - start)
+            with routed((slice(None), slice(None))):
+                out = model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=seq - start)
     logits = out.logits if temperature == 1.0 else out.logits / temperature
     logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, start:], top_p, top_k)  # [rows, seq - start]
     full_logprobs = torch.nn.functional.pad(logprobs, (start, 0))

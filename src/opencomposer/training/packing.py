@@ -10,7 +10,9 @@ every segment of a self-summary chain (report §4.1, §5: "the final reward appl
 token in the chain"). Sampler logprobs travel with the targets they scored, and so does the policy
 version that sampled each target (``versions``, -1 on tokens the model did not sample): with
 in-flight weight updates one episode, even one turn, can span versions, and the trainer measures
-each token's staleness against the version it trains.
+each token's staleness against the version it trains. For MoE policies the sampler's routes
+travel too, aligned with the *inputs* (``routes``: the experts the token at each input position was
+routed to, -1 where no engine call ran it), for the trainer to replay (``model.routing``).
 
 Rows are packed one per batch row, right-padded, sorted by length and cut into micro-batches of
 at most ``max_tokens`` padded positions; right padding needs no attention mask (causal attention
@@ -42,6 +44,7 @@ class SequenceRow:
     advantage: float = 0.0
     ref_logprobs: np.ndarray | None = None  # float32, log π_ref(target), filled by the reference forward
     versions: np.ndarray | None = None  # int64, policy version that sampled each model target (-1 elsewhere)
+    routes: np.ndarray | None = None  # int32 [T - 1, moe_layers, top_k], route of each input (-1: unknown)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -89,6 +92,7 @@ def episode_rows(episodes: list[Episode], advantages: list[float | None] | None 
             if len(ids) < 2 or not mask[1:].any():
                 continue
             versions = segment_versions(segment)
+            routes = segment.routes()  # [T, layers, k] or None
             rows.append(
                 SequenceRow(
                     episode=index,
@@ -98,6 +102,7 @@ def episode_rows(episodes: list[Episode], advantages: list[float | None] | None 
                     sampler_logprobs=logprobs[1:],
                     advantage=float(advantage),
                     versions=versions[1:],
+                    routes=None if routes is None else routes[:-1],
                 )
             )
     return rows
@@ -125,7 +130,9 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
     """Right-pad ``rows`` into one ``TrainBatch`` ``[rows, longest]``.
 
     One sequence per row, so ``segment_ids`` is all zeros (padding is excluded by ``loss_mask``);
-    ``ref_logprobs`` and ``versions`` (-1 on padding) are set when every row has them.
+    ``ref_logprobs`` and ``versions`` (-1 on padding) are set when every row has them; ``routes``
+    when any row has them (-1 on padding and on the rows without), which must then all have the
+    same MoE layers and top-k.
     """
     if not rows:
         raise ValueError("collate: no rows")
@@ -141,6 +148,7 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
     ref = torch.zeros(shape, dtype=torch.float32) if with_ref else None
     with_versions = all(row.versions is not None for row in rows)
     versions = torch.full(shape, -1, dtype=torch.long) if with_versions else None
+    routes = _route_tensor(rows, width)
     for r, row in enumerate(rows):
         n = len(row)
         input_ids[r, :n] = torch.from_numpy(row.input_ids)
@@ -153,6 +161,8 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
             ref[r, :n] = torch.from_numpy(row.ref_logprobs)
         if versions is not None:
             versions[r, :n] = torch.from_numpy(row.versions)
+        if routes is not None and row.routes is not None:
+            routes[r, :n] = torch.from_numpy(row.routes)
     position_ids = torch.arange(width).expand(shape).clone()
     return TrainBatch(
         input_ids=input_ids,
@@ -164,8 +174,22 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
         segment_ids=segment_ids,
         ref_logprobs=ref,
         versions=versions,
+        routes=routes,
         num_episodes=num_episodes or len({row.episode for row in rows}),
     )
+
+
+def _route_tensor(rows: list[SequenceRow], width: int) -> torch.Tensor | None:
+    """``[rows, width, moe_layers, top_k]`` int32 filled with -1, when any row has routes."""
+    shapes = {row.routes.shape[1:] for row in rows if row.routes is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"collate: rows have routes of different [moe_layers, top_k]: {sorted(shapes)}")
+    for i, row in enumerate(rows):
+        if row.routes is not None and len(row.routes) != len(row):
+            raise ValueError(f"collate: row {i} has {len(row)} inputs but routes for {len(row.routes)}")
+    return torch.full((len(rows), width, *shapes.pop()), -1, dtype=torch.int32)
 
 
 def episode_index(rows: list[SequenceRow], width: int) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """A policy backed by an in-process ``Engine`` (the ``LocalEngine`` sampler, or any other).
 
 Token in, token out: it samples a turn from the exact context ids the loop keeps and returns the
-sampled ids with their logprobs, routes and the policy version of every token (an engine that
+sampled ids with their logprobs, routes (of the sampled tokens, and of the context's prefill) and
+the policy version of every token (an engine that
 takes new weights in flight can switch inside a turn), so the episode can be trained on as is.
 Sampling settings come from the recipe's ``[sampling]``; the per-turn token cap is the smaller of
 ``sampling.max_new_tokens`` and what the episode's budgets leave. Generation is
@@ -59,6 +60,7 @@ class EnginePolicy:
             token_ids=list(completion.token_ids),
             logprobs=list(completion.logprobs),
             routes=completion.routed_experts,
+            prompt_routes=completion.prompt_routed_experts,
             finish_reason=completion.finish_reason,
             completion_tokens=len(completion.token_ids),
             prompt_tokens=len(context.token_ids),
