@@ -24,9 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from opencomposer.tasks.generators.testrun import run_tests
+
 from opencomposer.tasks.generators.registry import TaskFactory, generate
 from opencomposer.tasks.generators.source import project
-from opencomposer.tasks.generators.testrun import run_tests
 
 RESULTS = Path(__file__).parent / "results" / "tasks.json"
 RUNS_PER_TASK_FLOOR = 3  # the broken state's run, then grading gold and grading untouched

@@ -23,7 +23,12 @@ from opencomposer.sandbox import Sandbox
 from opencomposer.services.environments import EnvWorker
 from opencomposer.services.evaluation import EvaluationService
 from opencomposer.services.inference import InferenceService, ServiceSession
-from opencomposer.services.ray_backend import EvaluationClient, RemoteEnvWorker, RemoteInference, RemoteSession
+from opencomposer.services.ray_backend import (
+    EvaluationClient,
+    RemoteEnvWorker,
+    RemoteInference,
+    RemoteSession,
+)
 
 IMPLEMENTATIONS = [
     (protocols.Engine, LocalEngine, ["generate", "load_weights"]),

@@ -32,8 +32,8 @@ from typing import Any, Protocol, runtime_checkable
 from opencomposer.types import (
     Completion,
     Context,
-    Group,
     Grade,
+    Group,
     Message,
     PolicyOutput,
     RunResult,

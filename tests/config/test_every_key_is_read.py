@@ -1,7 +1,8 @@
 """No recipe key silently does nothing: every field of every section is read by code outside the
 config package (as an attribute, or by name in a table such as ``rl.length_penalty``'s
-``LENGTH_FEATURES``). ``[numerics]`` is read by the numerics library, which no command calls yet;
-``Config`` refuses a recipe that changes it (``tests/config/test_sections.py``)."""
+``LENGTH_FEATURES``). ``[numerics]`` is read by the numerics library (``numerics.qlinear``,
+``numerics.convert``), which the commands call; that each command applies it is tested in
+``tests/pretrain/test_numerics_pretrain.py`` and ``tests/rl/test_numerics_rl.py``."""
 
 from __future__ import annotations
 

@@ -71,15 +71,16 @@ def test_non_finite_numbers_are_refused_naming_the_key(bad):
         load_recipe(None, [f"rl.kl.coef={text}"])
 
 
-def test_recipe_with_numerics_is_refused_but_code_may_build_one():
-    """``[numerics]`` reaches no command yet; ``convert_model`` takes the object directly."""
+def test_recipe_numerics_reach_the_config_and_a_dense_model_is_refused():
+    """``[numerics]`` is applied by the commands (``tests/rl/test_numerics_rl.py``); the one rule
+    between tables: a dense model has no experts to convert."""
     report = NumericsConfig(recipe="nvfp4_fwd_mxfp8_bwd", quantize_dispatch=True)
-    assert report.quantize_dispatch
-    with pytest.raises(ConfigError, match=r"\[numerics\] is not applied by any command yet"):
-        load_recipe(None, ["numerics.recipe=mxfp8"])
-    with pytest.raises(ConfigError, match=r"^numerics\.recipe = 'nvfp4_fwd_mxfp8_bwd': \[numerics\] is not applied"):
-        Config(numerics=report)
-    assert load_recipe(None, ["numerics.recipe=bf16"]).numerics == NumericsConfig()
+    assert Config(numerics=report).numerics.quantize_dispatch
+    config = load_recipe(None, ["numerics.recipe=mxfp8", "numerics.mx_scale_mode=rceil"])
+    assert config.numerics == NumericsConfig(recipe="mxfp8", mx_scale_mode="rceil")
+    with pytest.raises(ConfigError, match=r'^numerics\.recipe = \'mxfp8\' converts MoE experts, and model\.kind = "smollm2"'):
+        load_recipe(None, ["numerics.recipe=mxfp8", "model.kind=smollm2"])
+    assert load_recipe(None, ["model.kind=smollm2"]).numerics == NumericsConfig()
 
 
 def test_test_limits_must_fit_the_sandbox():

@@ -1,5 +1,5 @@
 """``NumericsConfig``: its choices and impossible combinations, the values reaching the matmul
-recipe, and the ``[numerics]`` recipe section, refused until a command applies it."""
+recipe, and the ``[numerics]`` recipe section."""
 
 import pytest
 
@@ -26,11 +26,17 @@ def test_parsed_values_reach_the_matmul_recipe():
     assert recipe.backward_operand == MXSpec("e4m3", 32, "rceil")
 
 
-def test_a_recipe_may_not_change_numerics_until_a_command_applies_it():
-    with pytest.raises(ConfigError, match=r"numerics\.recipe = 'nvfp4_fwd_mxfp8_bwd': \[numerics\] is not applied"):
-        load_recipe(None, ["numerics.recipe=nvfp4_fwd_mxfp8_bwd", "numerics.quantize_dispatch=true"])
-    with pytest.raises(ConfigError, match=r"numerics\.mx_scale_mode = 'rceil': \[numerics\] is not applied"):
-        load_recipe(None, ["numerics.mx_scale_mode=rceil"])
+def test_a_recipe_may_set_every_numerics_key():
+    config = load_recipe(None, [
+        "numerics.recipe=nvfp4_fwd_mxfp8_bwd", "numerics.quantize_dispatch=true", "numerics.quantize_linears=true",
+        "numerics.mx_scale_mode=rceil", "numerics.mx_grad_dtype=e5m2", "numerics.nvfp4_activation_scale=tensor",
+        "numerics.nvfp4_weight_scale=token", "numerics.division=approx", "numerics.reciprocal_ulp=1",
+    ])
+    assert config.numerics == NumericsConfig(
+        recipe="nvfp4_fwd_mxfp8_bwd", quantize_dispatch=True, quantize_linears=True, mx_scale_mode="rceil",
+        mx_grad_dtype="e5m2", nvfp4_activation_scale="tensor", nvfp4_weight_scale="token", division="approx",
+        reciprocal_ulp=1,
+    )
 
 
 @pytest.mark.parametrize(

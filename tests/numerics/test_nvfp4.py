@@ -25,7 +25,7 @@ def test_golden_row_exact_division():
     #   = 4/7 + (3/7) 2^-24 (4/7 = 0.100100...b, the cut tail is 4/7 ulp: rounds up). Then
     #   10.5 m = 6 + 4.5 * 2^-24 -> 6 (code 7); 5.25 -> 3 (5); 2.625 -> 1.5 (3);
     #   1.3125 m = 0.75 + 0.5625 * 2^-24 -> float32 0.75 + 2^-24, past the 0.5/1.0 tie -> 1.0 (2);
-    #   -10.5 -> 0xF; 0 -> 0; -0 -> 8; 0.4 m = 0.229 < 0.25 -> 0.
+    #   -10.5 -> 0xF; 0 -> 0; -0 -> 0 (a zero is +0 whatever its sign, as TE writes); 0.4 m = 0.229 < 0.25 -> 0.
     # Block 1, amax 1.0: 128/3 + 2^-17/3 = 42.67 -> E4M3 between 40 (0x62) and 44 (0x63),
     #   past the midpoint 42 -> 44 = 0x63. Multiplier 1 / (44 * 2^-8) = 64/11 = 5.82:
     #   1.0 -> 5.82 > 5 -> 6 (7); 0.5 -> 2.91 -> 3 (5); 0.125 -> 0.727 < 0.75 -> 0.5 (1);
@@ -33,9 +33,9 @@ def test_golden_row_exact_division():
     q = quantize_nvfp4(golden_row())
     assert q.block_scale.tolist() == [0x7E, 0x63]
     assert q.global_scale.item() == 2.0**-8
-    assert unpack_fp4(q.data).tolist() == [7, 5, 3, 2, 15, 0, 8, 0] + [0] * 8 + [7, 5, 1, 11] + [0] * 12
+    assert unpack_fp4(q.data).tolist() == [7, 5, 3, 2, 15, 0, 0, 0] + [0] * 8 + [7, 5, 1, 11] + [0] * 12
     assert q.data[:2].tolist() == [0x57, 0x23]  # element 0 in the low nibble
-    assert dequantize_nvfp4(q)[:8].tolist() == [10.5, 5.25, 2.625, 1.75, -10.5, 0.0, -0.0, 0.0]
+    assert dequantize_nvfp4(q)[:8].tolist() == [10.5, 5.25, 2.625, 1.75, -10.5, 0.0, 0.0, 0.0]
     assert dequantize_nvfp4(q)[16:20].tolist() == [
         6 * 44 / 256,
         3 * 44 / 256,
@@ -43,7 +43,7 @@ def test_golden_row_exact_division():
         -1.5 * 44 / 256,
     ]
     assert torch.equal(dequantize_nvfp4(q)[:8].sign(), torch.tensor([1.0, 1, 1, 1, -1, 0, 0, 0]))
-    assert str(dequantize_nvfp4(q)[6].item()) == "-0.0"
+    assert str(dequantize_nvfp4(q)[6].item()) == "0.0"
 
 
 def _heavy_tailed(shape, scale=1.0, seed=0, dtype=torch.float32):
@@ -135,19 +135,24 @@ def test_zero_and_nan_rows():
 @pytest.mark.parametrize("granularity", ["token", "tensor"])
 @pytest.mark.parametrize("division", ["exact", "approx"])
 def test_negative_zero_blocks_encode_as_positive_zero(granularity, division):
-    """Zero blocks get a +0 block scale and zero codes, never the -0 scale with -6 codes that the
-    sign of ``maximum(amax, -amin)`` once produced; a -0.0 element keeps its sign as E2M1 -0
-    (0x8), as the reference and a sign-preserving float-to-E2M1 conversion write it."""
+    """Transformer Engine's bits for zeros: an all-zero block, of +0 or of -0, gets a +0 block scale
+    and +0 codes, never the -0 scale with -6 codes that the sign of ``maximum(amax, -amin)`` once
+    produced; a -0.0 element anywhere encodes as +0 (TE's reference puts it in the ``x >= 0``
+    bucket), while a negative value that rounds to zero keeps its sign (code 8), as there."""
     x = _heavy_tailed((4, 32), seed=5)
     x[0] = 0.0  # a whole row of +0
     x[1] = -0.0  # a whole row of -0
     x[2, :16] = -0.0  # one -0 block of a row whose other block is not zero
+    x[3, 16:] = 0.0
+    x[3, 16] = -1e-3 * x[3, :16].abs().max()  # rounds to -0 within a block whose maximum is 6 codes up
+    x[3, 17] = 1.0
     fast = quantize_nvfp4(x, granularity, division)
     slow = quantize_nvfp4_reference(x, granularity, division)
     assert fast.block_scale[:2].eq(0).all() and fast.block_scale[2, 0].item() == 0
-    assert fast.data[0].eq(0x00).all()
-    assert fast.data[1].eq(0x88).all() and fast.data[2, :8].eq(0x88).all()
-    assert dequantize_nvfp4(fast)[:2].eq(0).all()
+    assert fast.data[:2].eq(0x00).all() and fast.data[2, :8].eq(0x00).all()
+    assert unpack_fp4(fast.data[3:4])[0, 16].item() == 0x8
+    decoded = dequantize_nvfp4(fast)
+    assert decoded[:2].eq(0).all() and not torch.signbit(decoded[:2]).any() and not torch.signbit(decoded[2, :16]).any()
     assert torch.equal(fast.block_scale, slow.block_scale)
     assert torch.equal(fast.data, slow.data)
     assert torch.equal(fast.global_scale, slow.global_scale)

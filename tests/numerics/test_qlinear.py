@@ -8,7 +8,7 @@ from torch import nn
 
 from opencomposer.config import NumericsConfig
 from opencomposer.numerics import dequantize_mx, dequantize_nvfp4, quantize_mx, quantize_nvfp4
-from opencomposer.numerics.convert import QuantizedExperts, convert_model
+from opencomposer.numerics.convert import QuantizedExperts, convert_model, is_converted
 from opencomposer.numerics.qlinear import (
     MXSpec,
     NVFP4Spec,
@@ -157,6 +157,33 @@ def test_convert_deepseek_v3_trains_the_experts_and_the_router(make_deepseek_v3)
     experts = model.model.layers[1].mlp.experts
     assert torch.isfinite(loss) and experts.gate_up_proj.grad.abs().sum() > 0
     assert model.model.layers[1].mlp.gate.weight.grad.abs().sum() > 0  # router stays trainable
+
+
+def test_converting_again_keeps_the_format_and_refuses_another(make_qwen3_moe):
+    """The commands convert the policy and the samplers deep-copy it; a copy passing through
+    ``convert_model`` again (an evaluation engine) is left as it is, never wrapped twice."""
+    import copy
+
+    config = NumericsConfig(recipe="nvfp4_fwd_mxfp8_bwd", quantize_linears=True, quantize_dispatch=True)
+    model = make_qwen3_moe()
+    assert not is_converted(model)
+    first = convert_model(model, config)
+    modules = dict(model.named_modules())
+    copied = copy.deepcopy(model)
+    assert is_converted(copied)
+    assert convert_model(model, config) == first == convert_model(copied, config)
+    assert dict(model.named_modules()) == modules  # the same module objects, nothing re-wrapped
+    assert isinstance(copied.model.layers[0].mlp.experts.gate_up_proj, nn.Parameter)
+    for other in (
+        NumericsConfig(recipe="mxfp8", quantize_linears=True, quantize_dispatch=True),
+        NumericsConfig(recipe="nvfp4_fwd_mxfp8_bwd", quantize_dispatch=True),  # linears differ
+        NumericsConfig(recipe="nvfp4_fwd_mxfp8_bwd", quantize_linears=True),  # dispatch differs
+        NumericsConfig(recipe="nvfp4_fwd_mxfp8_bwd", quantize_linears=True, quantize_dispatch=True,
+                       nvfp4_activation_scale="tensor"),
+        NumericsConfig(recipe="bf16"),
+    ):
+        with pytest.raises(ValueError, match=f"already converted.*numerics.recipe = '{other.recipe}'"):
+            convert_model(copied, other)
 
 
 def test_convert_rejects_a_model_without_experts():

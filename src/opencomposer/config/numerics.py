@@ -1,9 +1,12 @@
 """``NumericsConfig``: low-precision matmuls, the argument of ``opencomposer.numerics.convert``.
 
-Library code builds it directly (``convert_model(model, NumericsConfig(recipe="mxfp8"))``); every
-combination it accepts there is a valid one. As a recipe section, ``[numerics]`` is not applied by
-any command yet, so ``Config`` refuses a recipe that changes it (``config.recipe``) rather than
-let it silently do nothing.
+As the recipe section ``[numerics]`` it applies to every model a command trains or samples from:
+``opencomposer pretrain`` and ``sft`` convert the model they train, ``opencomposer rl`` converts the
+policy, the KL reference and the sampler (which then decodes through the converted modules), and the
+asynchronous services' inference and evaluation engines copy the converted policy
+(``docs/numerics.md``, "In the pipeline"). Library code builds it directly
+(``convert_model(model, NumericsConfig(recipe="mxfp8"))``); every combination it accepts there is a
+valid one.
 """
 
 from __future__ import annotations

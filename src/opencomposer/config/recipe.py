@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from opencomposer.config.agent import AgentConfig, SamplingConfig
@@ -30,7 +29,6 @@ class Config(Section):
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
-    """Not applied by any command yet: a recipe must leave it at its defaults (see ``validate``)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     grading: GradingConfig = field(default_factory=GradingConfig)
@@ -41,14 +39,11 @@ class Config(Section):
     tasks: TasksConfig = field(default_factory=TasksConfig)
 
     def validate(self) -> None:
-        default = NumericsConfig()
-        changed = [f.name for f in dataclasses.fields(default)
-                   if getattr(self.numerics, f.name) != getattr(default, f.name)]
-        if changed:
+        # [numerics] converts the routed experts (opencomposer.numerics.convert); a dense model has none
+        if self.numerics.recipe != "bf16" and self.model.kind == "smollm2":
             raise ConfigError(
-                f"numerics.{changed[0]} = {getattr(self.numerics, changed[0])!r}: [numerics] is not applied by any "
-                "command yet (see the router-replay/low-precision issue); leave it at its defaults. In code, "
-                "opencomposer.numerics.convert.convert_model takes a NumericsConfig directly"
+                f"numerics.recipe = {self.numerics.recipe!r} converts MoE experts, and model.kind = \"smollm2\" "
+                'is dense; use a MoE model (model.kind = "tiny_moe", "tiny_deepseek_v3" or an "hf" MoE folder)'
             )
         # The sandbox clamps every command to max_timeout_s: a longer test limit would silently not hold.
         for key, timeout_s in (("grading.timeout_s", self.grading.timeout_s),

@@ -74,6 +74,7 @@ from opencomposer.inference.invariant import InvariantDecoder
 from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
 from opencomposer.model.routing import RouteRecorder, route_dtype
 from opencomposer.model.tokenizer import stop_token_ids
+from opencomposer.numerics.convert import is_converted
 from opencomposer.types import Completion, SamplingParams
 
 
@@ -160,7 +161,8 @@ class LocalEngine:
         self.route_shape = (len(routers), int(routers[0].top_k)) if routers else (0, 0)
         self.route_dtype = route_dtype(model)
         self.lean = lean_supported(model)
-        self.batch_invariant = batch_invariant and self.lean
+        # the invariant decoder reads the weights directly, past [numerics]' converted modules
+        self.batch_invariant = batch_invariant and self.lean and not is_converted(model)
         self._seed_rng = np.random.default_rng()
         # in-flight updates (module doc): the lock guards the two fields below and every copy into
         # the parameters

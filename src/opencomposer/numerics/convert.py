@@ -11,6 +11,15 @@ recipe (routers are not ``nn.Linear`` in these models; the head is found through
 ``get_output_embeddings``).
 
 ``recipe = "bf16"`` converts nothing: the model keeps computing in its own dtype.
+
+Converting is idempotent: the commands convert the model they train and the samplers deep-copy it,
+and a copy that passes through ``convert_model`` again (an evaluation engine built from it) is left
+as it is. A model already converted to *another* format is refused rather than converted twice.
+
+What the converted model does not change: its state dict, its checkpoints (``save_pretrained``
+writes the same keys and tensors) and anything that reads its parameters directly instead of
+calling its modules (the batch-invariant decoder of ``inference.invariant`` does; ``is_converted``
+tells a sampler to decode through the modules instead).
 """
 
 from __future__ import annotations
@@ -107,9 +116,39 @@ class Conversion:
     linears: list[str]
 
 
+def is_converted(model: nn.Module) -> bool:
+    """Whether ``convert_model`` switched any module of ``model`` to quantised matmuls."""
+    return any(isinstance(module, (QuantizedExperts, QuantizedLinear)) for module in model.modules())
+
+
+def _check_same_format(model: nn.Module, config: NumericsConfig) -> Conversion:
+    """The conversion already in ``model``, when it is the one ``config`` asks for; else an error."""
+    experts = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedExperts)}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    recipe = matmul_recipe(config)
+    formats = {(m.recipe, m.quantize_dispatch, m.dispatch_spec) for m in experts.values()}
+    same = (
+        recipe is not None
+        and formats == {(recipe, config.quantize_dispatch, MXSpec("e4m3", 32, config.mx_scale_mode))}
+        and all(m.recipe == recipe for m in linears.values())
+        and bool(linears) == config.quantize_linears
+    )
+    if not same:
+        raise ValueError(
+            f"{type(model).__name__} is already converted ({len(experts)} expert modules, {len(linears)} "
+            f"linears, formats {sorted(map(str, formats))}); it cannot be converted to numerics.recipe = "
+            f"{config.recipe!r} with quantize_linears = {config.quantize_linears}, quantize_dispatch = "
+            f"{config.quantize_dispatch} and these scales: convert the unconverted model"
+        )
+    return Conversion(list(experts), list(linears))
+
+
 def convert_model(model: nn.Module, config: NumericsConfig) -> Conversion:
     """Replace, in place, the experts (and with ``quantize_linears`` the other linears) of
-    ``model`` by their quantised versions for ``config.recipe``."""
+    ``model`` by their quantised versions for ``config.recipe``. A model already in that format is
+    returned as it is (see the module doc); the conversion found or made is returned."""
+    if is_converted(model):
+        return _check_same_format(model, config)
     recipe = matmul_recipe(config)
     if recipe is None:
         return Conversion([], [])

@@ -33,8 +33,13 @@ computes ``(e2m1 * block_scale) * global_scale``: the first product is exact (2 
 bits), so each value is rounded once.
 
 NaN: a row (or tensor) with a NaN gets a NaN global scale and NaN block scales, so it decodes to
-NaN (E2M1 itself has no NaN; its codes there are +-6). Departures from the Transformer Engine
-reference: it encodes a literal -0.0 as +0; we keep the sign.
+NaN (E2M1 itself has no NaN; its codes there are +-6).
+
+Zeros, as Transformer Engine writes them: a scaled element that is exactly zero, of either sign,
+encodes as +0 (code 0), since TE's reference puts -0.0 in the +0 bucket (``x >= 0.0``); a negative
+value that rounds to zero keeps its sign (code 8), as there. So an all-zero block, +0 or -0, has a
++0 block scale and +0 codes (step 1 takes the block maximum as a magnitude, never -0; once it
+encoded a -0 scale, a NaN multiplier and -6 codes).
 """
 
 from __future__ import annotations
@@ -113,8 +118,8 @@ def quantize_nvfp4(
     block_amax = torch.empty(blocks.shape[:2], dtype=torch.float32, device=x.device)  # [R, B]
     for start in range(0, blocks.shape[0], rows):
         chunk = blocks[start : start + rows]
-        # abs: an all-zero block of -0.0 has amax -0 and -amin +0, and maximum may keep the -0,
-        # which would encode a -0 block scale and -6 codes where the reference writes +0
+        # abs: an all-zero block of -0.0 has amax -0 and -amin +0, and maximum keeps the -0, which
+        # would encode a -0 block scale and -6 codes where Transformer Engine writes +0
         block_amax[start : start + rows] = torch.maximum(chunk.amax(dim=-1), -chunk.amin(dim=-1)).abs()
     if scale_granularity == "token":
         amax = block_amax.amax(dim=-1, keepdim=True)  # [R, 1]
@@ -133,6 +138,7 @@ def quantize_nvfp4(
         chunk = blocks[start : start + rows]
         n = chunk.shape[0]
         torch.mul(chunk, multiplier[start : start + n].unsqueeze(-1), out=scaled[:n])
+        scaled[:n].add_(0.0)  # -0 + 0 = +0: a zero encodes as +0 whatever its sign (module doc)
         packed[start : start + n] = pack_fp4(encode(scaled[:n], E2M1).view(n, k))
     lead = x.shape[:-1]
     global_scale = s_dec.view(lead) if scale_granularity == "token" else s_dec.view(())
@@ -212,7 +218,8 @@ def quantize_nvfp4_reference(
                     if not math.isnan(multiplier):
                         multiplier = min(multiplier, fp32_max)
                     row_codes.extend(
-                        encode_value_reference(float(np.float32(v * multiplier)), E2M1) for v in block
+                        encode_value_reference(float(np.float32(v * multiplier) + np.float32(0.0)), E2M1)
+                        for v in block
                     )
             codes.append(row_codes)
             block_scales.append(row_scales)

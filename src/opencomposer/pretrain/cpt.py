@@ -7,10 +7,12 @@ on biases, norms and embeddings) with a linear warm-up and cosine decay, gradien
 MoE load-balancing loss where the model family defines one; the optimizer, schedule, device,
 progress display and metrics log are the shared ones of ``training``. Held-out codebase loss is
 measured on files the training never sees. ``run_pretraining`` leaves ``metrics.jsonl``, ``tb/``,
-``loss.png`` and ``checkpoint/`` under ``run.path``.
+``loss.png`` and ``checkpoint/`` under ``run.path``. With ``[numerics]`` set, the model trains with
+the experts' (and, with ``quantize_linears``, the other linears') matmuls in that format
+(``numerics.convert``); the checkpoint holds the same high-precision weights either way.
 
-What this is not (yet): the report's 32k → 256k long-context phases, MXFP8 training and MTP
-self-distillation; those build on this loop.
+What this is not (yet): the report's 32k → 256k long-context phases and MTP self-distillation;
+those build on this loop.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from opencomposer.config import Config, PretrainConfig, to_toml
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
 from opencomposer.model.device import resolve_device
+from opencomposer.numerics.convert import convert_model
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar
@@ -223,6 +226,7 @@ def run_pretraining(
         model, tokenizer = load_model(config.model, tokenizer, seed=config.run.seed, device=device)
     else:
         model, tokenizer = load_model(config.model, seed=config.run.seed, device=device)
+    convert_model(model, config.numerics)
     with MetricsLog(run_dir) as log:
         result = pretrain(model, tokenizer, corpus.train, corpus.heldout, config.pretrain,
                           log=log, progress=progress, seed=config.run.seed)

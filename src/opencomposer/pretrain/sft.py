@@ -9,7 +9,8 @@ as the RL trainer (``training.packing``, ``training.forward``): cross-entropy on
 Adam (AdamW with decay groups when ``sft.weight_decay > 0``), linear warm-up, cosine decay to a
 tenth of the peak learning rate: the shared optimizer, schedule, device, progress display and
 metrics log of ``training``. The loss of every step goes to ``metrics.jsonl`` (and ``tb/``) in
-the output folder, beside the checkpoint.
+the output folder, beside the checkpoint. With ``[numerics]`` set, the matmuls of the experts (and
+linears, with ``quantize_linears``) run in that format (``numerics.convert``), as in RL.
 
 RL needs a starting point that solves its tasks only some of the time (groups whose rollouts
 disagree). Two ways to get one: stop SFT early, or give it an imperfect teacher
@@ -35,6 +36,7 @@ import torch
 
 from opencomposer.config import Config, ConfigError, SFTConfig, to_toml
 from opencomposer.model.device import resolve_device
+from opencomposer.numerics.convert import convert_model
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar
@@ -183,6 +185,7 @@ def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any
     init = config.sft.init
     spec = dataclasses.replace(config.model, kind="hf", path=init) if init else dataclasses.replace(config.model, path="")
     model, tokenizer = load_model(spec, seed=config.run.seed, device=device)
+    convert_model(model, config.numerics)
     with tempfile.TemporaryDirectory(prefix="opencomposer-sft-") as scratch:
         tasks = demonstration_tasks(config, Path(scratch) / "tasks")
         episodes = record_demonstrations(tasks, tokenizer, config)

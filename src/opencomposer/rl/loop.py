@@ -36,6 +36,7 @@ import torch
 from opencomposer.config import Config, ConfigError, ModelConfig, to_toml
 from opencomposer.io import atomic_directory, atomic_write_text
 from opencomposer.model.device import resolve_device
+from opencomposer.numerics.convert import convert_model
 from opencomposer.rl.checkpoint import (
     RunState,
     TaskRecord,
@@ -116,11 +117,16 @@ class RLRun:
         self.resumed_from = checkpoint
         initial = self._initial_policy()
         self.model, self.tokenizer = _load_folder(checkpoint / "model" if checkpoint else initial, config)
+        # [numerics]: the policy trains, and the reference scores, in the recipe's format; the
+        # sampler copies the converted policy (_sampler)
+        convert_model(self.model, config.numerics)
         reference = None
         if self.rl.kl.reference == "initial":
             from opencomposer.rl.trainer import frozen_copy
 
-            reference = frozen_copy(_load_folder(initial, config)[0])
+            reference = _load_folder(initial, config)[0]
+            convert_model(reference, config.numerics)
+            reference = frozen_copy(reference)
         from opencomposer.rl.trainer import Trainer
 
         self.trainer = Trainer(self.model, self.tokenizer, config, reference=reference)
@@ -139,7 +145,10 @@ class RLRun:
         self.evaluations = self._logged_evaluations() if checkpoint else []
 
     def _sampler(self) -> Any:
-        """The batching sampler every episode of a step shares, at the run's policy version."""
+        """The batching sampler every episode of a step shares, at the run's policy version.
+
+        A copy of the policy, so with ``[numerics]`` it samples in the trainer's format (a converted
+        policy is not decoded batch-invariantly: ``inference.local.LocalEngine``)."""
         from opencomposer.inference.batching import BatchingEngine
         from opencomposer.inference.local import LocalEngine
 

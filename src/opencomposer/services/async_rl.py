@@ -311,7 +311,7 @@ class AsyncRLRun(RLRun):
 
     def step(self) -> dict[str, float]:
         """Wait for B scored groups, train on them, record them; the caller checkpoints and publishes."""
-        rl, state = self.rl, self.state
+        state = self.state
         slots, waited_s = self._next_batch()
         if not slots:
             raise RuntimeError(

@@ -19,6 +19,7 @@ import torch
 from opencomposer.config import Config
 from opencomposer.inference.batching import BatchingEngine
 from opencomposer.inference.local import LocalEngine
+from opencomposer.numerics.convert import convert_model
 from opencomposer.types import Task
 
 
@@ -27,7 +28,9 @@ class EvaluationService:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Config, tasks: list[Task],
                  load: Callable[[int], dict[str, torch.Tensor]], grader: Callable[..., Any]):
-        self.engine = LocalEngine(copy.deepcopy(model).eval(), tokenizer)
+        engine_model = copy.deepcopy(model).eval()
+        convert_model(engine_model, config.numerics)  # as the trainer's policy (a no-op on a converted copy)
+        self.engine = LocalEngine(engine_model, tokenizer)
         self.batcher = BatchingEngine(self.engine)
         self.tokenizer, self.config, self.tasks = tokenizer, config, tasks
         self.load, self.grader = load, grader
