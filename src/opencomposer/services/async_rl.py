@@ -40,7 +40,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from opencomposer.config import Config
@@ -51,18 +50,8 @@ from opencomposer.services.faults import FaultPlan, TrainerKilled, fire
 from opencomposer.services.groups import GroupStore, StoredGroup
 from opencomposer.services.reconciler import Reconciler, Slot
 from opencomposer.training.progress import ProgressBar
-from opencomposer.types import Episode
 
 log = logging.getLogger(__name__)
-
-
-def token_versions(episode: Episode) -> list[int]:
-    """The policy version of every model token of ``episode``."""
-    out: list[int] = []
-    for turn in episode.turns:
-        per_token = getattr(turn, "token_versions", None)
-        out += list(per_token) if per_token else [turn.policy_version] * len(turn.token_ids)
-    return out
 
 
 class EmbeddedServices:
@@ -164,7 +153,7 @@ class AsyncRLRun(RLRun):
             if index >= total:
                 continue
             item = self.groups.load(index)
-            versions = [v for e in item.group.episodes for v in token_versions(e)]
+            versions = [v for e in item.group.episodes for v in e.policy_versions]  # every token's
             if versions and max(versions) > state.step:
                 self.lost_version_groups += 1  # sampled by a version the crash lost: sample it again
                 continue
@@ -322,7 +311,6 @@ class AsyncRLRun(RLRun):
         version = state.step
         groups = [slot.group for slot in slots]
         indices = [slot.index for slot in slots]
-        staleness = [version - v for g in groups for e in g.episodes if e.scored for v in token_versions(e)]
         scored = self.trainer.score(groups)
         loss, train_metrics = self.trainer.train(scored, version=version)
         if fire(self.faults, "kill_trainer", state.step + 1):
@@ -342,7 +330,6 @@ class AsyncRLRun(RLRun):
             "loss": loss,
             **train_metrics,
             "policy_version": float(state.step),
-            "group_staleness_max": float(max(staleness, default=0)),
             "trainer_wait_s": waited_s,
             "train_s": time.perf_counter() - started,
             "groups_outstanding": float(self.reconciler.outstanding()),
@@ -354,8 +341,6 @@ class AsyncRLRun(RLRun):
             "worker_deaths": float(self.worker_deaths),
             "inference_restarts": float(self.services.inference_restarts),
         }
-        metrics.setdefault("staleness_mean", float(np.mean(staleness)) if staleness else 0.0)
-        metrics.setdefault("staleness_max", float(max(staleness, default=0)))
         self.log.log(state.step, "train", metrics)
         return metrics
 

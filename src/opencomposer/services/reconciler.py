@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from opencomposer.types import Group
 
 State = Literal["queued", "sampling", "grading", "scored", "trained", "dropped"]
-STATES: tuple[State, ...] = ("queued", "sampling", "grading", "scored", "trained", "dropped")
 
 
 @dataclass
@@ -67,7 +66,6 @@ class ReconcilerStats:
     recomputed: int = 0
     reassigned: int = 0  # groups restarted because their worker died
     restored: int = 0  # scored groups read back from their checkpoints on resume
-    state_counts: dict[str, int] = field(default_factory=dict)
 
 
 class Reconciler:
@@ -239,10 +237,3 @@ class Reconciler:
     def done(self) -> bool:
         with self._cond:
             return self._remaining() == 0
-
-    def counts(self) -> dict[str, int]:
-        with self._cond:
-            counts = {state: 0 for state in STATES}
-            for slot in self.slots.values():
-                counts[slot.state] += 1
-            return counts
