@@ -101,10 +101,12 @@ class Reconciler:
         return has_work and self.outstanding() < (self.max_staleness + 1) * self.batch
 
     def admit(self, timeout: float | None = None) -> Slot | None:
-        """The next group to sample (blocks until the bound allows one); None once the stream is
-        exhausted or the reconciler closed, or after ``timeout`` seconds."""
+        """The next group to sample (blocks until the bound allows one); None once every group is
+        done or the reconciler closed, or after ``timeout`` seconds (an idle dispatcher sleeps here,
+        never spins)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._closed or self._can_admit() or self._exhausted(), timeout):
+            # an exhausted stream with groups still out waits too (a dead worker's group may come back)
+            if not self._cond.wait_for(lambda: self._closed or self._can_admit() or self._remaining() == 0, timeout):
                 return None
             if self._closed or not self._can_admit():
                 return None
@@ -127,9 +129,6 @@ class Reconciler:
         index = self._next
         self._next += 1
         return index
-
-    def _exhausted(self) -> bool:
-        return not self._queue and self._next >= self.total
 
     def grading(self, index: int) -> None:
         with self._cond:
