@@ -211,6 +211,7 @@ class Turn:
     finish_reason: str = ""
     format_error: str | None = None  # set when the turn could not be parsed into tool calls
     rejected_tool_calls: int = 0  # calls that failed argument checks
+    summary: bool = False  # a self-summary turn: it closes its segment (agent.context), no tool calls run
 
     def versions(self) -> list[int]:
         """The policy version that sampled each token of ``token_ids``."""
@@ -323,6 +324,7 @@ class Episode:
     diff: str | None = None  # the agent's change to the repo
     sample_index: int = 0  # position inside its group
     limit: EndReason | None = None  # the budget that ended a TIMEOUT episode (set by the agent loop)
+    summaries: list[str] = field(default_factory=list)  # what each summary of the chain handed on
 
     @property
     def turns(self) -> list[Turn]:
@@ -475,6 +477,8 @@ class Context:
     turn_index: int  # turns taken so far in this episode
     max_new_tokens: int  # what the budgets leave for this turn
     seed: int = 0  # per-episode seed for sampling
+    summary: bool = False  # the loop asks for a summary (agent.context_policy): the last message is the request
+    summaries: int = 0  # summary turns earlier in this episode (turn_index counts them too)
 
 
 @dataclass

@@ -21,10 +21,14 @@ appended) in the current ``Segment``, whose routes cover the prompt and tool out
 prefill routes of the next turn's call, ``Segment.record_context_routes``); for text policies the
 chat messages are the record.
 
-Self-summarisation (RECIPE.md §5) plugs in through ``Summarizer``: before each turn the loop asks
-it whether to close the segment; if so, it writes the summary turn and returns the messages that
-open the next segment (``open_segment``). Until that lands (a later issue), reaching the context
-window ends the episode as a budget stop.
+Context policies (``agent.context_policy``, ``agent.context``): with ``self_summary`` the loop
+appends the summary request to the tool output that brought the segment to the trigger, takes the
+model's next turn as its summary (``Turn.summary``, tokens of kind ``SUMMARY``, trained like the
+rest of the chain) and opens a fresh segment from the system prompt, the task, the summary and a
+state block. ``compaction`` and ``truncate`` are ``Summarizer``s: before each turn the loop asks
+whether to close the segment, and opens the next from the messages they return (a caller may pass
+its own ``Summarizer``). Summary turns do not count against the turn budget. Without a policy (or
+once ``agent.max_summaries`` is spent) reaching the context window ends the episode as a budget stop.
 """
 
 from __future__ import annotations
@@ -32,10 +36,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from opencomposer.agent.context import (
+    SUMMARY_REQUEST,
+    context_summarizer,
+    resume_messages,
+    summary_text,
+    trigger_tokens,
+)
 from opencomposer.agent.errors import FormatError, LimitsExceeded, NonTerminating, Submitted, TranscriptError
 from opencomposer.agent.policy import PolicyError
 from opencomposer.agent.protocol import (
     TokenTranscript,
+    encode,
     initial_messages,
     parse_turn,
     token_kinds,
@@ -45,6 +57,7 @@ from opencomposer.agent.tools import Toolbox, ToolError, tool_schemas
 from opencomposer.config import AgentConfig
 from opencomposer.model.tokenizer import THINK_CLOSE, THINK_OPEN
 from opencomposer.protocols import Policy, Summarizer
+from opencomposer.sandbox.patch import parse_patch
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import (
     Context,
@@ -80,7 +93,7 @@ class AgentLoop:
         self.sandbox = sandbox
         self.config = config or AgentConfig()
         self.seed = seed
-        self.summarizer = summarizer
+        self.summarizer = summarizer if summarizer is not None else context_summarizer(self.config.context_policy)
         self.toolbox = Toolbox(sandbox)
         self.tools = tool_schemas()
         self.tokenizer = getattr(policy, "tokenizer", None)
@@ -92,13 +105,19 @@ class AgentLoop:
         self.started = time.monotonic()
         self.policy_s = 0.0  # what the wall-time budget counts: the policy's own turns and tool calls
         self.waited_s = 0.0  # what it does not: queues for other episodes' batches, sandbox slots
-        self.counters = {"format_errors": 0, "rejected_tool_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self.counters = {"format_errors": 0, "rejected_tool_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                         "summary_tokens": 0, "compaction_prompt_tokens": 0, "summary_prefill_reused": 0,
+                         "context_tokens_saved": 0}
+        self.summaries = 0  # segments closed by the context policy
+        self.summary_texts: list[str] = []  # what each summary (or compaction) handed on
+        self.summary_pending = False  # the request is in the context: the next turn is the summary
+        self._request_tokens = 0  # tokens the pending request added to the context
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> Episode:
         self.started = time.monotonic()
         try:
-            self.open_segment(initial_messages(self.task.instruction, self.config.system_prompt or None))
+            self.open_segment(self.initial_messages())
             while True:
                 try:
                     self.step()
@@ -126,22 +145,19 @@ class AgentLoop:
         return self.episode
 
     def step(self) -> None:
-        self.check_limits()
-        if self.summarizer is not None and self.summarizer.should_summarize(self):
+        if self.summary_pending:
+            self.summary_turn()
+            return
+        if (self.summarizer is not None and self.summaries < self.config.max_summaries
+                and self.summarizer.should_summarize(self)):
             started = time.monotonic()
-            self.open_segment(self.summarizer.summarize(self))
+            messages = self.summarizer.summarize(self)
+            self.summaries += 1
+            self.open_segment(messages)
             self.charge(time.monotonic() - started)
+        self.check_limits()
         started = time.monotonic()
-        output = self.policy.act(
-            Context(
-                task=self.task,
-                messages=list(self.messages),
-                token_ids=self.segment.token_ids() if self.transcript else None,
-                turn_index=len(self.episode.turns),
-                max_new_tokens=self.tokens_left(),
-                seed=self.seed,
-            )
-        )
+        output = self.policy.act(self.context(self.tokens_left()))
         self.charge(time.monotonic() - started, waited=output.wait_s)
         turn = self.record_turn(output)
         if output.format_error:
@@ -164,15 +180,71 @@ class AgentLoop:
             self.charge(time.monotonic() - started, waited=self.sandbox.slot_wait_s - slot_wait)
         self.add_observation(results)
 
+    def summary_turn(self) -> None:
+        """The model's summary, asked for by the request at the end of the context; it closes the
+        segment and the next one starts from it (``agent.context``)."""
+        self.check_limits()
+        started = time.monotonic()
+        reused = len(self.segment.token_ids()) - self._request_tokens if self.transcript is not None else 0
+        output = self.policy.act(self.context(min(self.config.summary_max_tokens, self.tokens_left()), summary=True))
+        self.charge(time.monotonic() - started, waited=output.wait_s)
+        turn = self.record_turn(output)
+        turn.summary = True
+        if self.transcript is not None:
+            turn.token_kinds = [TokenKind.SUMMARY] * len(turn.token_ids)
+        self.summary_pending = False
+        self.summaries += 1
+        self.counters["summary_tokens"] += len(turn.token_ids) or output.completion_tokens
+        self.counters["summary_prefill_reused"] += max(reused, 0)
+        summary = summary_text(turn.text)
+        self.summary_texts.append(summary)
+        self.open_segment(resume_messages(self, summary, self.summaries))
+
+    def side_call(self, messages: list[Message], token_ids: list[int] | None, max_new_tokens: int) -> PolicyOutput:
+        """A policy call outside the episode's segments (the compaction baseline): charged to the
+        budgets and the cost, never recorded as a turn, so never trained on."""
+        room = max_new_tokens
+        window = self.context_window()
+        if window and token_ids is not None:
+            room = min(room, window - len(token_ids))
+        if room <= 0:
+            raise LimitsExceeded(f"the compaction prompt ({len(token_ids or [])} tokens) fills the context window "
+                                 f"({window})", budget=EndReason.TOKEN_BUDGET)
+        started = time.monotonic()
+        output = self.policy.act(Context(task=self.task, messages=messages, token_ids=token_ids,
+                                         turn_index=len(self.episode.turns), max_new_tokens=room, seed=self.seed,
+                                         summary=True, summaries=len(self.episode.turns) - self.work_turns()))
+        self.charge(time.monotonic() - started, waited=output.wait_s)
+        self.cost += output.cost
+        return output
+
+    def context(self, max_new_tokens: int, summary: bool = False) -> Context:
+        return Context(
+            task=self.task,
+            messages=list(self.messages),
+            token_ids=self.segment.token_ids() if self.transcript else None,
+            turn_index=len(self.episode.turns),
+            max_new_tokens=max_new_tokens,
+            seed=self.seed,
+            summary=summary,
+            summaries=len(self.episode.turns) - self.work_turns(),
+        )
+
     # ------------------------------------------------------------------------------------------
+    def initial_messages(self) -> list[Message]:
+        return initial_messages(self.task.instruction, self.config.system_prompt or None)
+
     def open_segment(self, messages: list[Message]) -> None:
         """Start a new context window from ``messages`` (the first one, or after a summary)."""
+        closed = len(self.segment.token_ids()) if self.segment is not None and self.transcript is not None else 0
         if self.tokenizer is not None:
             self.transcript = TokenTranscript(self.tokenizer, self.tools, messages)
             self.segment = Segment(prompt_ids=list(self.transcript.prompt_ids), messages=self.transcript.messages)
         else:
             self.segment = Segment(prompt_ids=[], messages=list(messages))
         self.episode.segments.append(self.segment)
+        if closed:
+            self.counters["context_tokens_saved"] += max(closed - len(self.segment.prompt_ids), 0)
 
     @property
     def messages(self) -> list[Message]:
@@ -228,8 +300,14 @@ class AgentLoop:
         return results
 
     def add_observation(self, messages: list[Message]) -> None:
-        """Append what the environment says after the last turn (tool results or an error)."""
+        """Append what the environment says after the last turn (tool results or an error), and
+        with ``self_summary``, the summary request when the context reaches the trigger."""
         turn = self.segment.turns[-1]
+        if self.wants_summary(messages):
+            plain = len(self.count_observation(messages))
+            messages = [*messages, Message("user", SUMMARY_REQUEST)]
+            self.summary_pending = True
+            self._request_tokens = len(self.count_observation(messages)) - plain if self.transcript else 0
         if self.transcript is not None:
             _, ids = self.transcript.environment_turn(messages)
             turn.observation_ids = ids
@@ -238,6 +316,50 @@ class AgentLoop:
             self.messages.extend(messages)
 
     # ------------------------------------------------------------------------------------------
+    @property
+    def trigger(self) -> int:
+        """Context tokens of a segment at which the context policy acts (0: never)."""
+        return trigger_tokens(self.config, self.context_window())
+
+    def segment_tokens(self) -> int:
+        """Context tokens of the current segment (text policies: prompt + completion of the last call)."""
+        return len(self.segment.token_ids()) if self.transcript is not None else self.context_tokens
+
+    def context_full(self) -> bool:
+        return bool(self.trigger) and self.segment_tokens() >= self.trigger
+
+    def wants_summary(self, observation: list[Message]) -> bool:
+        """Whether the context, with ``observation`` appended, reaches the self-summary trigger."""
+        if self.config.context_policy != "self_summary" or self.summaries >= self.config.max_summaries:
+            return False
+        if not self.trigger:
+            return False
+        return self.segment_tokens() + len(self.count_observation(observation)) >= self.trigger
+
+    def count_observation(self, observation: list[Message]) -> list[int]:
+        """The ids ``observation`` would append to the token transcript (text policies: none)."""
+        if self.transcript is None:
+            return []
+        return encode(self.tokenizer, self.transcript.environment_text(observation))
+
+    def count_tokens(self, messages: list[Message]) -> int:
+        """Context tokens a segment opened from ``messages`` would start with (text policies: an
+        estimate, four characters a token)."""
+        if self.tokenizer is None:
+            return sum(len(m.content) for m in messages) // 4
+        return len(TokenTranscript(self.tokenizer, self.tools, messages).prompt_ids)
+
+    def changed_files(self) -> list[str]:
+        """Files the episode has changed so far (for the state block); empty if the diff fails."""
+        try:
+            return sorted({fp.path for fp in parse_patch(self.sandbox.diff())})
+        except Exception:  # noqa: BLE001 (a state hint, never worth ending the episode over)
+            return []
+
+    def work_turns(self) -> int:
+        """Turns that count against ``max_turns``: every turn but the summaries."""
+        return sum(not turn.summary for turn in self.episode.turns)
+
     def tokens_used(self) -> int:
         if self.transcript is None:
             return self.context_tokens
@@ -258,7 +380,7 @@ class AgentLoop:
 
     def check_limits(self) -> None:
         budgets = self.task.budgets
-        if budgets.max_turns is not None and len(self.episode.turns) >= budgets.max_turns:
+        if budgets.max_turns is not None and self.work_turns() >= budgets.max_turns:
             raise LimitsExceeded(f"turn budget used up ({budgets.max_turns} turns)", budget=EndReason.TURN_BUDGET)
         if budgets.max_wall_s is not None and self.policy_s >= budgets.max_wall_s:
             raise LimitsExceeded(
@@ -292,6 +414,9 @@ class AgentLoop:
             "cost": self.cost,
             "turns": len(self.episode.turns),
             "tool_calls": sum(len(t.tool_calls) for t in self.episode.turns),
+            "segments": len(self.episode.segments),
+            "summaries": self.summaries,
             **self.counters,
         }
+        self.episode.summaries = list(self.summary_texts)
         self.episode.metrics.update({k: float(v) for k, v in metrics.items()})

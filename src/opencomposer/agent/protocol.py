@@ -297,6 +297,13 @@ class TokenTranscript:
     def environment_turn(self, new_messages: list[Message]) -> tuple[str, list[int]]:
         """Text and ids that take the context from the end of the model's turn to the next
         generation prompt, with ``new_messages`` rendered in between."""
+        text = self.environment_text(new_messages)
+        self.messages += new_messages
+        self._sampled_closing = ""
+        return text, encode(self.tokenizer, text)
+
+    def environment_text(self, new_messages: list[Message]) -> str:
+        """The text ``environment_turn(new_messages)`` would append, without appending it."""
         head = self.render(self.messages[:-1], generation_prompt=True)
         before = self.render(self.messages, generation_prompt=False)
         content = self.messages[-1].content
@@ -306,10 +313,7 @@ class TokenTranscript:
         after = self.render(self.messages + new_messages, generation_prompt=True)
         if not after.startswith(before):
             raise TranscriptError("the chat template is not prefix-stable: adding messages changed earlier text")
-        text = closing[len(self._sampled_closing):] + after[len(before):]
-        self.messages += new_messages
-        self._sampled_closing = ""
-        return text, encode(self.tokenizer, text)
+        return closing[len(self._sampled_closing):] + after[len(before):]
 
 
 def token_kinds(tokenizer: Any, ids: list[int]) -> list[TokenKind]:

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from opencomposer.config.section import ConfigError, Section
+
+ContextPolicyName = Literal["off", "self_summary", "compaction", "truncate"]
+CONTEXT_POLICIES: tuple[str, ...] = ("off", "self_summary", "compaction", "truncate")
 
 POLICY_NAMES = ("oracle", "noop", "local", "openai")
 """The names a policy spec (``NAME`` or ``NAME:ARGUMENT``) may start with: the keys of
@@ -85,7 +89,22 @@ class AgentConfig(Section):
     """A tool result longer than this is cut to its first and last halves before the model sees it."""
     context_window: int = 0
     """Tokens one segment may hold (prompt, turns and tool outputs); 0 takes the model's maximum.
-    Reaching it ends the episode as a budget stop (self-summarisation will close the segment instead)."""
+    Reaching it ends the episode as a budget stop, unless a context policy closed the segment first."""
+    context_policy: ContextPolicyName = "off"
+    """What happens when a segment's context reaches ``summary_trigger_tokens`` (``agent.context``,
+    RECIPE.md §5): ``self_summary`` (the model summarises in its own context and goes on in a fresh
+    one from its summary; the summary is trained on), ``compaction`` (a separate, long, fixed
+    compaction prompt writes the summary; not trained on), ``truncate`` (drop the oldest tool
+    outputs) or ``off`` (the window ends the episode)."""
+    summary_trigger_tokens: int = 0
+    """Context tokens of a segment at which the context policy acts; 0 takes the context window
+    less ``summary_max_tokens`` and a 512-token margin for the request and one tool output."""
+    summary_max_tokens: int = 1024
+    """New tokens a summary (or a compaction) may take; the report's summaries average ~1k tokens."""
+    compaction_max_tokens: int = 4096
+    """New tokens the compaction baseline's summary may take (its prompt asks for a thorough one)."""
+    max_summaries: int = 8
+    """Summaries (or compactions, truncations) one episode may make; after that the window ends it."""
     http: HttpPolicyConfig = field(default_factory=HttpPolicyConfig)
 
     def validate(self) -> None:
@@ -95,3 +114,14 @@ class AgentConfig(Section):
             )
         if self.context_window < 0:
             raise ConfigError(f"agent.context_window: must be >= 0, got {self.context_window}")
+        if self.context_policy not in CONTEXT_POLICIES:
+            raise ConfigError(f"agent.context_policy: {self.context_policy!r} is not one of {', '.join(CONTEXT_POLICIES)}")
+        if self.summary_trigger_tokens < 0 or self.max_summaries < 0:
+            raise ConfigError("agent.summary_trigger_tokens and agent.max_summaries: must be >= 0")
+        if self.summary_max_tokens < 16 or self.compaction_max_tokens < 16:
+            raise ConfigError("agent.summary_max_tokens and agent.compaction_max_tokens: must be >= 16")
+        if self.context_window and self.summary_trigger_tokens >= self.context_window:
+            raise ConfigError(
+                f"agent.summary_trigger_tokens = {self.summary_trigger_tokens} must be below agent.context_window = "
+                f"{self.context_window}: the summary request and the summary are written inside the window"
+            )

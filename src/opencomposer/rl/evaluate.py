@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from opencomposer.agent.context import chain_metrics
 from opencomposer.config import Config
 from opencomposer.envs.grading import grade
 from opencomposer.inference.batching import BatchingEngine
@@ -75,4 +76,5 @@ def evaluate(
         "episodes_infra_error": float(infra),
         "episode_tokens": mean(tokens),
         "episode_turns": mean(turns),
+        **chain_metrics([e for group in groups for e in group.episodes]),
     }

@@ -277,6 +277,8 @@ class RLRun:
                     "resolved": None if episode.grade is None else float(episode.grade.resolved),
                     "terms": episode.reward_terms,
                     "tokens": sum(len(t.token_ids) for t in episode.turns), "turns": len(episode.turns),
+                    "segments": len(episode.segments), "summaries": len(episode.summaries),
+                    "summary_texts": episode.summaries,
                     "policy_versions": episode.policy_versions, "error": episode.error,
                     "final_turn": episode.turns[-1].text if episode.turns else "",
                 }))

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from opencomposer.agent.context import chain_metrics
 from opencomposer.config import Config, ConfigError
 from opencomposer.model.routing import replayable_routers
 from opencomposer.rl.advantages import episode_advantages
@@ -165,6 +166,7 @@ class Trainer:
         }
         for name in scored[0].reward_terms:
             out[f"reward/{name}"] = float(np.mean([e.reward_terms[name] for e in scored]))
+        out.update(chain_metrics(scored))  # self-summary chains (agent.context), when there are any
         return out
 
     # ------------------------------------------------------------------------------------------
