@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_flag(p, "--limit", "eval.limit", "run only the first N tasks", type=int)
     _add_recipe_flag(p, "--out", "eval.out_dir", "output folder (default {run.out_dir}/{run.name}/eval)",
                      metavar="DIR")
+    _add_recipe_flag(p, "--context-policy", "agent.context_policy",
+                     "what a full context does: off | self_summary | compaction | truncate", metavar="POLICY")
+    _add_recipe_flag(p, "--summary-trigger", "agent.summary_trigger_tokens",
+                     "context tokens at which the context policy acts", type=int)
+    _add_recipe_flag(p, "--context-window", "agent.context_window", "tokens one segment may hold", type=int)
     p.set_defaults(handler="opencomposer.commands.eval:main")
 
     p = sub.add_parser("tasks", help="check, generate, mine, measure and validate task suites; import and export")

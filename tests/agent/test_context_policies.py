@@ -162,7 +162,7 @@ def test_compaction_summarises_in_a_separate_call_that_is_never_trained(tokenize
     asked = [c for c in policy.contexts if c.summary]
     assert asked and asked[0].messages[0].content == COMPACTION_PROMPT
     assert "notes/part1.txt" in asked[0].messages[1].content  # the transcript it compacts
-    assert episode.metrics["summary_tokens"] > 0
+    assert episode.metrics["summary_tokens"] == episode.metrics["compaction_tokens"] > 0
     assert episode.metrics["compaction_prompt_tokens"] >= len(asked[0].token_ids)
     # the compaction's tokens are no turn's: what the trainer sees is the work turns only
     assert sum(len(t.token_ids) for t in episode.turns) == sum(

@@ -27,8 +27,8 @@ used so far, and the files the workspace has changed (from the sandbox's ``git``
 model resumes knowing where the episode stands even when its summary forgot it.
 
 Chain metrics (``Episode.metrics``): ``segments``, ``summaries``, ``summary_tokens`` (model tokens
-written as summaries or compactions), ``compaction_prompt_tokens`` (prefill of the compaction
-calls), ``summary_prefill_reused`` (context tokens a prefix cache holds for the summary call:
+written as summaries or compactions), ``compaction_tokens`` and ``compaction_prompt_tokens`` (output
+and prefill of the compaction calls, which no turn holds), ``summary_prefill_reused`` (context tokens a prefix cache holds for the summary call:
 everything but the request), ``context_tokens_saved`` (context tokens a closed segment held that
 the next one does not start with).
 """
@@ -169,7 +169,9 @@ class Compaction:
             from opencomposer.agent.protocol import decode
 
             text = decode(loop.tokenizer, output.token_ids)
-        loop.counters["summary_tokens"] += len(output.token_ids) if output.token_ids else output.completion_tokens
+        written = len(output.token_ids) if output.token_ids else output.completion_tokens
+        loop.counters["summary_tokens"] += written
+        loop.counters["compaction_tokens"] += written
         loop.counters["compaction_prompt_tokens"] += len(ids) if ids is not None else output.prompt_tokens
         summary = summary_text(text)
         loop.summary_texts.append(summary)

@@ -106,7 +106,7 @@ class AgentLoop:
         self.policy_s = 0.0  # what the wall-time budget counts: the policy's own turns and tool calls
         self.waited_s = 0.0  # what it does not: queues for other episodes' batches, sandbox slots
         self.counters = {"format_errors": 0, "rejected_tool_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                         "summary_tokens": 0, "compaction_prompt_tokens": 0, "summary_prefill_reused": 0,
+                         "summary_tokens": 0, "compaction_tokens": 0, "compaction_prompt_tokens": 0, "summary_prefill_reused": 0,
                          "context_tokens_saved": 0}
         self.summaries = 0  # segments closed by the context policy
         self.summary_texts: list[str] = []  # what each summary (or compaction) handed on

@@ -77,12 +77,14 @@ def trajectory(episode: Episode) -> dict[str, Any]:
                 "turns": [
                     {"text": t.text, "tokens": len(t.token_ids), "observation_tokens": len(t.observation_ids),
                      "tool_calls": [asdict(c) for c in t.tool_calls], "format_error": t.format_error,
-                     "rejected_tool_calls": t.rejected_tool_calls, "finish_reason": t.finish_reason}
+                     "rejected_tool_calls": t.rejected_tool_calls, "finish_reason": t.finish_reason,
+                     "summary": t.summary}
                     for t in segment.turns
                 ],
             }
             for segment in episode.segments
         ],
+        "summaries": episode.summaries,
     }
 
 

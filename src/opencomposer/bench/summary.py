@@ -22,7 +22,8 @@ from typing import Any
 
 from opencomposer.types import EndReason, Grade
 
-TOKEN_KINDS = ("prompt", "thinking", "tool_call", "tool_output", "final_message")
+TOKEN_KINDS = ("prompt", "thinking", "tool_call", "tool_output", "final_message", "summary")
+MODEL_KINDS = ("thinking", "tool_call", "final_message", "summary")  # what the model wrote in its turns
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -98,6 +99,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary["grading_s"] = _mean([g.grading_s for g in grades])
     summary["cost_total"] = sum(r.get("cost", 0.0) for r in rows)
     summary["cost_per_episode"] = _mean([r.get("cost", 0.0) for r in scored])
+    # context policies (agent.context): chains of segments, and what their summaries cost
+    for name in ("segments", "summaries", "summary_tokens", "compaction_tokens", "compaction_prompt_tokens",
+                 "context_tokens_saved"):
+        summary[name] = _mean([r.get(name, 0.0) for r in scored])
+    # every model token the episode cost: its turns (summaries included) and any compaction call's output
+    summary["model_tokens"] = _mean([sum(r.get("tokens", {}).get(k, 0) for k in MODEL_KINDS)
+                                     + r.get("compaction_tokens", 0.0) for r in scored])
     return summary
 
 
@@ -138,6 +146,10 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
          f"{summary['wall_s_p50']:.2f} / {summary['wall_s_p90']:.2f} ({summary['grading_s']:.2f})"),
         ("cost total / per episode", f"{summary['cost_total']:.4f} / {summary['cost_per_episode']:.4f}"),
     ]
+    if summary.get("summaries"):
+        lines.append(("segments / summaries / summary tokens",
+                      f"{summary['segments']:.2f} / {summary['summaries']:.2f} / {summary['summary_tokens']:.0f}"))
+        lines.append(("model tokens (compaction output included)", f"{summary['model_tokens']:.0f}"))
     for name, value in lines:
         table.add_row(name, value)
     if summary.get("format_errors_per_turn", 0.0) >= 0.5:
