@@ -8,9 +8,9 @@ from typing import Literal
 
 from opencomposer.config.section import ConfigError, Section
 
-TaskFamily = Literal["", "tiny", "tiny-composed", "tiny-words"]
-"""A built-in family of ``opencomposer.tasks.generators.tiny`` (its ``FAMILIES``; a test keeps the
-two equal), or empty for none."""
+TaskFamily = Literal["", "tiny", "tiny-composed", "tiny-words", "tiny-long"]
+"""A built-in family of ``opencomposer.tasks.generators.tiny`` (its ``FAMILIES``, ``tiny-long``
+included, which ``generators.long`` builds; a test keeps the two equal), or empty for none."""
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Demonstrations are recorded in the real harness: the oracle policy (the task's gold patch replayed
 through the tools, ``agent.policies.scripted``) plays each task in a sandbox, all its calls in one
-turn followed by ``finish``, and the agent loop records the episode token in, token out, exactly
+turn followed by ``finish`` (or, for a task with a walkthrough, its turns one by one under the
+recipe's context policy), and the agent loop records the episode token in, token out, exactly
 as it records an RL rollout. SFT then trains on those records with the same packing and forward
 as the RL trainer (``training.packing``, ``training.forward``): cross-entropy on the model-written tokens only
 (prompts and tool outputs are context, not targets), averaged over the batch's model tokens.
@@ -70,14 +71,26 @@ def one_turn_oracle(task: Task) -> list[list[Any]]:
     return [[*calls, call("finish", message="Done.")]]
 
 
+def demonstration_script(task: Task) -> list[Any]:
+    """What the teacher plays: a task's walkthrough when it has one (``solution/script.json``, e.g.
+    the ``tiny-long`` family: read each note in its own turn, then write), else ``one_turn_oracle``.
+    A walkthrough runs under the recipe's ``agent.context_policy``, so with ``self_summary`` the
+    demonstrations hold the oracle's summaries and the chains that follow them."""
+    from opencomposer.agent.policies.scripted import oracle_script
+
+    if task.path is not None and (task.path / "solution" / "script.json").is_file():
+        return list(oracle_script(task))
+    return one_turn_oracle(task)
+
+
 def record_demonstrations(tasks: list[Task], tokenizer: Any, config: Config) -> list[Episode]:
-    """Play ``one_turn_oracle`` on every task in the real loop and sandbox (no grading needed:
-    the oracle's change is the gold patch); returns the token-level episodes."""
+    """Play ``demonstration_script`` on every task in the real loop and sandbox (no grading
+    needed: the oracle's change is the gold patch); returns the token-level episodes."""
     from opencomposer.agent.loop import AgentLoop
     from opencomposer.agent.policies.scripted import ScriptedPolicy
     from opencomposer.sandbox.workspace import Sandbox
 
-    policy = ScriptedPolicy(one_turn_oracle, name="oracle-one-turn", tokenizer=tokenizer)
+    policy = ScriptedPolicy(demonstration_script, name="oracle", tokenizer=tokenizer)
     episodes = []
     for task in tasks:
         with Sandbox(task.repo, config.sandbox, workdir=task.workdir) as sandbox:
@@ -90,7 +103,9 @@ def record_demonstrations(tasks: list[Task], tokenizer: Any, config: Config) -> 
 
 def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
     """The tasks SFT demonstrates: a folder of tasks, or a tiny family's training split from a seed
-    stream of its own (RL's stream is another; the held-out split is never demonstrated)."""
+    stream of its own (RL's stream is another; the held-out split is never demonstrated). A wrong
+    demonstration (``sft.wrong_share``) writes ``sft.decoy_word`` instead of the word asked for; in
+    ``tiny-long`` instead of one of the K words (``LongSpec.mistake_position``)."""
     sft = config.sft
     if sft.task_family:
         from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
@@ -99,7 +114,7 @@ def demonstration_tasks(config: Config, folder: Path) -> list[Task]:
         specs = [tiny_spec(seed, "train", i, sft.task_family) for i in range(sft.num_tasks)]
         order = np.random.default_rng([seed, 0x5F7]).permutation(sft.num_tasks)
         wrong = set(order[: round(sft.wrong_share * sft.num_tasks)].tolist())  # the teacher's mistakes
-        if wrong and any(spec.word == sft.decoy_word for spec in specs):
+        if wrong and any(sft.decoy_word in spec.words for spec in specs):
             raise ConfigError(f"sft.decoy_word = {sft.decoy_word!r} is a word the family asks for; pick another")
         return [write_tiny_task(folder / f"demo-{i:05d}", spec, answer=sft.decoy_word if i in wrong else None)
                 for i, spec in enumerate(specs)]

@@ -10,18 +10,32 @@ of a scripted episode is deterministic; SFT ignores them, and the loop refuses a
 policy that returns none). When the script runs out it calls ``finish``. Tests drive the real
 loop, sandbox and grader with it instead of mocks.
 
-Built-in scripts: ``oracle_policy`` replays a task's gold patch through the tools (one ``edit``
-per hunk where the hunk's old text is unique, else ``write_file`` of the patched file, ``run rm``
-for deletions), then finishes; a task without a gold patch whose folder has
-``solution/answer.md`` (a question that must not edit code) is answered with that text as the
-final message; ``noop_policy`` finishes at once.
+Summaries (``agent.context_policy``): when the loop asks for one (``Context.summary``; the request
+is the last message) the policy answers with a plain-text summary instead of its next turn, and it
+indexes its script by ``turn_index - summaries``, so summaries never shift the script. The summary
+(``ScriptedPolicy.summary``) is computed from that script position alone: the turns already played
+(their ``note`` where a ``NotedTurn`` has one, else a compact line per tool call) and the steps
+that remain (each call's tool and the command, pattern or path it acts on, never its content,
+which the agent could not know yet). After a summary the next context holds only the system prompt, the task and that summary,
+so a summary computed from the position carries every earlier fact forward, complete and
+deterministic. Its tokens and logprobs are those of any scripted turn (text tokens, end-of-turn
+token, logprob 0).
+
+Built-in scripts: ``oracle_script`` plays the task folder's ``solution/script.json`` where it has
+one (a walkthrough of several turns with notes, e.g. the ``tiny-long`` family: ``load_script``);
+otherwise it replays the gold patch through the tools (one ``edit`` per hunk where the hunk's old
+text is unique, else ``write_file`` of the patched file, ``run rm`` for deletions), then finishes;
+a task without a gold patch whose folder has ``solution/answer.md`` (a question that must not edit
+code) is answered with that text as the final message. ``noop_policy`` finishes at once.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from opencomposer.agent.protocol import encode, format_tool_call
@@ -29,12 +43,59 @@ from opencomposer.model.tokenizer import IM_END
 from opencomposer.sandbox.patch import apply_hunks, parse_patch
 from opencomposer.types import Context, PolicyOutput, Task, ToolCall
 
+SCRIPT_FILE = Path("solution") / "script.json"  # a task folder's walkthrough for the oracle
+TURN_KEYS = ("calls", "note")
+SUMMARY_ARGUMENT_CHARS = 80  # a summary line shows at most this much of a path or command
+
+
+class NotedTurn(list[ToolCall]):
+    """A turn of tool calls with a ``note``: what playing it taught the agent (e.g.
+    "notes/part2.txt: key = node"), which the oracle's summaries repeat. It is a plain list of
+    calls to everything else (rendering, ``one_turn_oracle``)."""
+
+    def __init__(self, calls: Iterable[ToolCall] = (), note: str = ""):
+        super().__init__(calls)
+        self.note = note
+
+
 ScriptTurn = str | list[ToolCall]
 Script = Sequence[ScriptTurn] | Callable[[Task], Sequence[ScriptTurn]]
 
 
 def call(name: str, **arguments: Any) -> ToolCall:
     return ToolCall(name, arguments)
+
+
+def describe_call(c: ToolCall) -> str:
+    """A call in one short line: its name and the command, pattern and path it acts on ("grep def
+    total in src"), never a file's content, an edit's text or a message."""
+    shown = []
+    for key in ("command", "pattern", "path"):
+        value = c.arguments.get(key)
+        if isinstance(value, str) and value:
+            shown.append(value if len(value) <= SUMMARY_ARGUMENT_CHARS else value[: SUMMARY_ARGUMENT_CHARS - 3] + "...")
+    return " ".join([c.name, " in ".join(shown)]) if shown else c.name
+
+
+def describe_turn(turn: ScriptTurn) -> list[str]:
+    """What a played turn did, for a summary: its note, else one line per call."""
+    if isinstance(turn, str):
+        return ["a reply without tool calls"]
+    note = getattr(turn, "note", "")
+    return [note] if note else [describe_call(c) for c in turn]
+
+
+def script_summary(turns: Sequence[ScriptTurn], played: int) -> str:
+    """The oracle's summary after ``played`` turns of ``turns``: what was done and learned, and
+    the steps that remain (module doc)."""
+    played = min(played, len(turns))
+    done = [line for turn in turns[:played] for line in describe_turn(turn)]
+    remaining = ([describe_call(c) for turn in turns[played:] if not isinstance(turn, str) for c in turn]
+                 or ["finish"])
+    lines = [f"Progress: {played} of {len(turns)} planned steps done.", "Done:"]
+    lines += [f"- {line}" for line in done] or ["- nothing yet"]
+    lines += ["Remaining:", *(f"- {line}" for line in remaining)]
+    return "\n".join(lines)
 
 
 def render_turn(turn: ScriptTurn) -> str:
@@ -61,10 +122,19 @@ class ScriptedPolicy:
                 self._cache[task.id] = self.script(task)
             return self._cache[task.id]
 
+    def summary(self, task: Task, played: int) -> str:
+        """The summary after ``played`` script turns (``script_summary``)."""
+        return script_summary(self.turns(task), played)
+
     def act(self, context: Context) -> PolicyOutput:
         turns = self.turns(context.task)
-        if context.turn_index < len(turns):
-            text = render_turn(turns[context.turn_index])
+        position = context.turn_index - context.summaries  # summary turns do not advance the script
+        if position < 0:
+            raise ValueError(f"context: {context.summaries} summaries but only {context.turn_index} turns taken")
+        if context.summary:
+            text = self.summary(context.task, position)
+        elif position < len(turns):
+            text = render_turn(turns[position])
         else:
             text = format_tool_call("finish", {"message": "The script has ended."})
         if self.tokenizer is None:
@@ -74,8 +144,46 @@ class ScriptedPolicy:
         return PolicyOutput(text=text, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
 
 
+def load_script(path: Path) -> list[ScriptTurn]:
+    """Read a walkthrough (``solution/script.json``): a JSON list of turns, each an object with
+    ``calls`` (a non-empty list of ``{"name": TOOL, "arguments": {...}}``) and an optional
+    ``note`` (a string). Raises ``ValueError`` naming the file and the turn for anything else."""
+    from opencomposer.agent.tools import tool_schemas
+
+    tools = {schema["function"]["name"] for schema in tool_schemas()}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the walkthrough: {e}") from None
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path}: expected a non-empty JSON list of turns")
+    turns: list[ScriptTurn] = []
+    for i, entry in enumerate(data):
+        where = f"{path}: turn {i}"
+        if not isinstance(entry, dict) or set(entry) - set(TURN_KEYS) or "calls" not in entry:
+            raise ValueError(f"{where}: expected an object with 'calls' and an optional 'note', got {entry!r}")
+        note = entry.get("note", "")
+        if not isinstance(note, str):
+            raise ValueError(f"{where}: 'note' must be a string, got {note!r}")
+        calls = entry["calls"]
+        if not isinstance(calls, list) or not calls:
+            raise ValueError(f"{where}: 'calls' must be a non-empty list of tool calls")
+        parsed = []
+        for c in calls:
+            if not isinstance(c, dict) or set(c) != {"name", "arguments"} or not isinstance(c["arguments"], dict):
+                raise ValueError(f"{where}: a call must be {{\"name\": ..., \"arguments\": {{...}}}}, got {c!r}")
+            if c["name"] not in tools:
+                raise ValueError(f"{where}: unknown tool {c['name']!r}; expected one of {', '.join(sorted(tools))}")
+            parsed.append(ToolCall(c["name"], dict(c["arguments"])))
+        turns.append(NotedTurn(parsed, note))
+    return turns
+
+
 def oracle_script(task: Task) -> list[ScriptTurn]:
-    """Tool calls that turn ``task.repo`` into the gold solution, in one turn, then ``finish``."""
+    """The task folder's walkthrough (``solution/script.json``) where it has one; else tool calls
+    that turn ``task.repo`` into the gold solution, in one turn, then ``finish``."""
+    if task.path is not None and (task.path / SCRIPT_FILE).is_file():
+        return load_script(task.path / SCRIPT_FILE)
     if not task.gold_patch:
         answer = task.path / "solution" / "answer.md" if task.path is not None else None
         if answer is not None and answer.is_file():  # a no-edit task: the reference final message

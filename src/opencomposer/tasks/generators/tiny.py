@@ -6,7 +6,7 @@ Each task asks the agent to write one word into one file ('Write the word "node"
 (``max_turns = 1``). Word and file name are single tokens of the project's code tokenizer, quoted
 in the instruction exactly as they appear inside the tool call's JSON arguments.
 
-Three families:
+Four families:
 
 - ``tiny``: the word and the file are always ``node`` and ``out.txt``; only the phrasing of the
   request changes (28 phrasings; the ``heldout`` split uses eight that training never shows, which
@@ -25,6 +25,11 @@ Three families:
   harness's ~1,300-token system prompt and tool list: after 500 SFT steps (batch 32) its loss sat
   at 0.0655 nats/token, exactly the entropy of guessing word and file, (ln 16 + ln 4)/63
   (docs/LOG.md). It is the family for a pretrained model.
+- ``tiny-long`` (``generators.long``): K notes to read, one word in each, the K words to write into
+  one file; the reads together overrun the context window, so the obstacle is the window (a
+  context policy that summarises), not the difficulty. Its tasks have their own spec
+  (``LongSpec``); the functions below dispatch to ``generators.long`` for it, so ``rl.task_family``
+  and ``sft.task_family`` take it like the others.
 
 Task ``i`` of a split is a pure function of (family, seed, split, i): the same seed gives the same
 tasks on every machine; each round through a split's combinations is a fresh seeded permutation.
@@ -50,6 +55,8 @@ import numpy as np
 from opencomposer.config import GradingConfig, SandboxConfig
 from opencomposer.sandbox.patch import file_diff
 from opencomposer.tasks.format import load_task, write_task
+from opencomposer.tasks.generators.long import FAMILIES as LONG_FAMILIES
+from opencomposer.tasks.generators.long import LongFamily, LongSpec, long_spec, write_long_task
 from opencomposer.types import Task
 
 Split = Literal["train", "heldout"]
@@ -126,7 +133,7 @@ class TinyFamily:
         return [c for c in combos if self.held_out(*c) == (split == "heldout")]
 
 
-FAMILIES = {
+TINY_FAMILIES = {
     "tiny": TinyFamily("tiny", words=("node",), files=("out.txt",), phrasings=tuple(range(len(PHRASINGS))),
                        heldout_phrasings=(4, 9, 11, 15, 19, 22, 23, 27)),
     "tiny-composed": TinyFamily("tiny-composed", words=("node",), files=("out.txt",),
@@ -140,15 +147,25 @@ FAMILIES = {
         heldout_share=5,
     ),
 }
+FAMILIES: dict[str, TinyFamily | LongFamily] = {**TINY_FAMILIES, **LONG_FAMILIES}
+"""Every built-in family by name (``config.tasks.TaskFamily`` lists the same names)."""
 TEST_PATH = "tests/test_answer.py"
 TEST_ID = f"{TEST_PATH}::test_answer"
 BUDGETS = {"max_turns": 1, "max_wall_s": 120}
 
 
-def family(name: str) -> TinyFamily:
+def family(name: str) -> TinyFamily | LongFamily:
+    """The family called ``name``; both kinds answer ``combinations(split)``."""
     if name not in FAMILIES:
         raise ValueError(f"unknown tiny family {name!r}; expected one of {', '.join(FAMILIES)}")
     return FAMILIES[name]
+
+
+def _tiny_family(name: str) -> TinyFamily:
+    chosen = family(name)
+    if not isinstance(chosen, TinyFamily):
+        raise ValueError(f"family {name!r} is not a one-word family; its tasks are built by generators.long")
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -168,7 +185,12 @@ class TinySpec:
 
     @property
     def instruction(self) -> str:
-        return family(self.family).templates[self.phrasing].format(word=self.word, file=self.file)
+        return _tiny_family(self.family).templates[self.phrasing].format(word=self.word, file=self.file)
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """The words the task asks for (one here; ``LongSpec.words`` has K)."""
+        return (self.word,)
 
 
 def split_size(split: Split, family_name: str = "tiny") -> int:
@@ -177,16 +199,19 @@ def split_size(split: Split, family_name: str = "tiny") -> int:
     return len(family(family_name).combinations(split))
 
 
-def tiny_spec(seed: int, split: Split, index: int, family_name: str = "tiny") -> TinySpec:
-    """Task ``index`` of ``split``: a pure function of its arguments."""
-    combos = family(family_name).combinations(split)
+def tiny_spec(seed: int, split: Split, index: int, family_name: str = "tiny") -> TinySpec | LongSpec:
+    """Task ``index`` of ``split``: a pure function of its arguments (a ``LongSpec`` for
+    ``tiny-long``)."""
+    if family_name in LONG_FAMILIES:
+        return long_spec(seed, split, index, family_name)
+    combos = _tiny_family(family_name).combinations(split)
     key = int.from_bytes(hashlib.sha256(f"{family_name}/{seed}/{split}".encode()).digest()[:8], "little")
     round_order = np.random.default_rng([key, index // len(combos)]).permutation(len(combos))
     word, file, phrasing = combos[int(round_order[index % len(combos)])]
     return TinySpec(family=family_name, split=split, index=index, word=word, file=file, phrasing=phrasing)
 
 
-def tiny_specs(seed: int, split: Split, start: int = 0, family_name: str = "tiny") -> Iterator[TinySpec]:
+def tiny_specs(seed: int, split: Split, start: int = 0, family_name: str = "tiny") -> Iterator[TinySpec | LongSpec]:
     """The unbounded stream of ``split``, from task ``start`` on."""
     index = start
     while True:
@@ -204,10 +229,15 @@ def hidden_test(spec: TinySpec) -> str:
     )
 
 
-def write_tiny_task(folder: Path, spec: TinySpec, overwrite: bool = False, answer: str | None = None) -> Task:
+def write_tiny_task(
+    folder: Path, spec: TinySpec | LongSpec, overwrite: bool = False, answer: str | None = None
+) -> Task:
     """Write one task folder (docs/task-format.md) for ``spec`` and load it back. ``answer`` replaces
     the word the gold change writes (a wrong demonstration for ``sft.wrong_share``; such a task's
-    gold change does not resolve it)."""
+    gold change does not resolve it); a ``LongSpec`` goes to ``long.write_long_task``, where it
+    replaces one of the K words."""
+    if isinstance(spec, LongSpec):
+        return write_long_task(folder, spec, overwrite=overwrite, answer=answer)
     return write_task(
         folder,
         task_id=spec.task_id,
