@@ -390,6 +390,10 @@ class TrainBatch:
     row has routes; ``segment_ids`` separates packed sequences;
     ``versions`` (int64) is the policy version that sampled each target token, -1 on tokens the
     model did not sample and on padding (None when the batch was built without them).
+    ``episode_ids`` (int64, -1 on padding) is the step's index of each token's episode and
+    ``episode_tokens`` (float) that episode's model tokens over all its segments: the losses that
+    count sequences count episodes, so a self-summary chain is one sequence (None: each packed
+    sequence is its own).
     """
 
     input_ids: torch.Tensor
@@ -403,6 +407,8 @@ class TrainBatch:
     routes: torch.Tensor | None = None
     versions: torch.Tensor | None = None
     num_episodes: int = 0
+    episode_ids: torch.Tensor | None = None
+    episode_tokens: torch.Tensor | None = None
 
 
 # ----------------------------------------------------------------------------------------------

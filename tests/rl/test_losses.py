@@ -354,3 +354,45 @@ def test_errors_name_the_missing_input():
         LOSSES["grpo"](dataclasses.replace(inputs, sequence_ids=None), CONFIG)
     with pytest.raises(ValueError, match="advantages: shape"):
         dataclasses.replace(inputs, advantages=torch.zeros(3, 9))
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo"])
+def test_a_self_summary_chain_counts_as_one_sequence_across_micro_batches(name):
+    """Two episodes: one a chain of two segments (two rows, put in different micro-batches), one a
+    single segment. GRPO's per-sequence mean and Dr. GRPO's sequence count see two episodes, and the
+    micro-batches add up to the reference computed on whole episodes."""
+    from opencomposer.rl.step import step_sequences
+    from opencomposer.training.packing import SequenceRow, collate
+
+    rng = np.random.default_rng(3)
+
+    def row(episode: int, length: int, advantage: float) -> SequenceRow:
+        mask = rng.random(length) < 0.7
+        return SequenceRow(episode=episode, input_ids=np.zeros(length, np.int64), target_ids=np.zeros(length, np.int64),
+                           loss_mask=mask, sampler_logprobs=np.where(mask, -rng.random(length), 0).astype(np.float32),
+                           advantage=advantage)
+
+    rows = [row(0, 9, 0.5), row(0, 6, 0.5), row(1, 7, -0.5)]  # episode 0 is a chain of two segments
+    totals = {0: rows[0].model_tokens + rows[1].model_tokens, 1: rows[2].model_tokens}
+    for r in rows:
+        r.episode_tokens = totals[r.episode]
+    micro = [collate([rows[0], rows[2]], pad_id=0), collate([rows[1]], pad_id=0)]
+    assert step_sequences(micro) == 2
+    logps = [torch.tensor(-rng.random(b.loss_mask.shape), dtype=torch.float32) for b in micro]
+    config = dataclasses.replace(CONFIG, name=name)
+    got = sum(LOSSES[name](dataclasses.replace(LossInputs.from_batch(b, lp), num_sequences=2.0), config)[0].item()
+              for b, lp in zip(micro, logps, strict=True))
+    # reference: each episode's tokens gathered from every row, surrogate per token, then the loss's rule
+    per_episode: dict[int, list[float]] = {0: [], 1: []}
+    for b, lp in zip(micro, logps, strict=True):
+        ratio = torch.exp(lp - b.sampler_logprobs)
+        surrogate = -torch.minimum(ratio * b.advantages, ratio.clamp(1 - CONFIG.clip_eps, 1 + CONFIG.clip_eps) * b.advantages)
+        for e, value, keep in zip(b.episode_ids.flatten().tolist(), surrogate.flatten().tolist(),
+                                  b.loss_mask.flatten().tolist(), strict=True):
+            if keep:
+                per_episode[e].append(value)
+    if name == "grpo":
+        want = sum(np.mean(v) for v in per_episode.values()) / 2
+    else:
+        want = sum(sum(v) for v in per_episode.values()) / (2 * CONFIG.max_sequence_tokens)
+    assert got == pytest.approx(want, rel=1e-5)

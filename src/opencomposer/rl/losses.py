@@ -59,6 +59,7 @@ class LossInputs:
     loss_mask: torch.Tensor  # true (or 1) on model-sampled tokens only
     sampler_logprobs: torch.Tensor  # log π_sampler(target) reported by the inference engine
     sequence_ids: torch.Tensor | None = None  # int; equal ids = one sequence (needed by grpo, dr_grpo)
+    sequence_tokens: torch.Tensor | None = None  # float; model tokens of each token's whole sequence
     entropy: torch.Tensor | None = None  # entropy of π_θ at each position, metrics only
     ref_logprobs: torch.Tensor | None = None  # log π_ref(target); KL metric and in-loss KL
     kl_tokens: torch.Tensor | None = None  # coef·k(t) when the KL is placed in the loss
@@ -81,13 +82,17 @@ class LossInputs:
     def from_batch(
         cls, batch: TrainBatch, logprobs: torch.Tensor, entropy: torch.Tensor | None = None
     ) -> LossInputs:
-        """Inputs for a packed ``TrainBatch``: a sequence is one (row, segment id) pair."""
+        """Inputs for a packed ``TrainBatch``: a sequence is an episode when the batch says which
+        (a self-summary chain, whose segments are separate rows, counts once), else one (row,
+        segment id) pair."""
+        by_episode = batch.episode_ids is not None
         return cls(
             logprobs=logprobs,
             advantages=batch.advantages,
             loss_mask=batch.loss_mask,
             sampler_logprobs=batch.sampler_logprobs,
-            sequence_ids=packed_sequence_ids(batch.segment_ids),
+            sequence_ids=batch.episode_ids if by_episode else packed_sequence_ids(batch.segment_ids),
+            sequence_tokens=batch.episode_tokens if by_episode else None,
             entropy=entropy,
             ref_logprobs=batch.ref_logprobs,
         )
@@ -148,8 +153,15 @@ def sequence_mean(
     mask: torch.Tensor,
     sequence_ids: torch.Tensor,
     num_sequences: float | None = None,
+    sequence_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Mean over sequences of each sequence's token mean; packed rows may hold several sequences."""
+    """Mean over sequences of each sequence's token mean; packed rows may hold several sequences.
+    ``sequence_tokens`` (each token's sequence length, when a sequence spans rows or micro-batches)
+    makes each token's share ``value / length``, so micro-batches add up to the step's mean."""
+    if sequence_tokens is not None:
+        count = count_sequences(mask, sequence_ids)
+        shares = per_token[mask] / sequence_tokens[mask].clamp(min=1)
+        return shares.sum() / max(num_sequences if num_sequences is not None else count, 1)
     values = per_token[mask]
     _, index = torch.unique(sequence_ids[mask], return_inverse=True)
     count = int(index.max()) + 1 if index.numel() else 0
@@ -212,7 +224,8 @@ def grpo_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, dic
         inputs.logprobs, inputs.sampler_logprobs, inputs.advantages, config.clip_eps, config.clip_eps
     )
     sequence_ids = _sequence_ids(inputs, "grpo")
-    loss = sequence_mean(_with_kl(per_token, inputs), inputs.mask, sequence_ids, inputs.num_sequences)
+    loss = sequence_mean(_with_kl(per_token, inputs), inputs.mask, sequence_ids, inputs.num_sequences,
+                         inputs.sequence_tokens)
     return loss, loss_metrics(inputs, clipped=clipped)
 
 

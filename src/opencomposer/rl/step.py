@@ -52,6 +52,14 @@ def _merge(total: dict[str, float], metrics: dict[str, float], tokens: float) ->
             total[name] = total.get(name, 0.0) + value * tokens
 
 
+def step_sequences(batches: list[TrainBatch]) -> int:
+    """Sequences of the step with a model token: episodes when the batches say which (a chain's
+    segments, in any micro-batch, count once), else rows."""
+    if all(b.episode_ids is not None for b in batches):
+        return len({int(e) for b in batches for e in b.episode_ids[b.loss_mask.bool()].unique()})
+    return sum(int(b.loss_mask.any(1).sum()) for b in batches)
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -71,7 +79,7 @@ def train_step(
         raise ValueError(f"trainer_version={trainer_version} given, but a batch carries no sampler versions")
     device = next(model.parameters()).device
     num_tokens = float(sum(int(b.loss_mask.sum()) for b in batches))
-    num_sequences = float(sum(int(b.loss_mask.any(1).sum()) for b in batches))
+    num_sequences = float(step_sequences(batches))
     replay = None
     if config.router_replay != "off":
         replay = RouterReplay(model, config.router_replay, config.router_replay_threshold)

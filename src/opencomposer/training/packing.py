@@ -45,6 +45,7 @@ class SequenceRow:
     ref_logprobs: np.ndarray | None = None  # float32, log π_ref(target), filled by the reference forward
     versions: np.ndarray | None = None  # int64, policy version that sampled each model target (-1 elsewhere)
     routes: np.ndarray | None = None  # int32 [T - 1, moe_layers, top_k], route of each input (-1: unknown)
+    episode_tokens: int = 0  # model tokens of its whole episode, every segment (0: this row's own)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -105,6 +106,11 @@ def episode_rows(episodes: list[Episode], advantages: list[float | None] | None 
                     routes=None if routes is None else routes[:-1],
                 )
             )
+    totals: dict[int, int] = {}
+    for row in rows:
+        totals[row.episode] = totals.get(row.episode, 0) + row.model_tokens
+    for row in rows:  # a self-summary chain is one sequence for the losses that count sequences
+        row.episode_tokens = totals[row.episode]
     return rows
 
 
@@ -130,6 +136,9 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
     """Right-pad ``rows`` into one ``TrainBatch`` ``[rows, longest]``.
 
     One sequence per row, so ``segment_ids`` is all zeros (padding is excluded by ``loss_mask``);
+    ``episode_ids`` and ``episode_tokens`` say which episode each token belongs to and how many
+    model tokens that episode has over all its segments (rows of one chain may sit in different
+    micro-batches);
     ``ref_logprobs`` and ``versions`` (-1 on padding) are set when every row has them; ``routes``
     when any row has them (-1 on padding and on the rows without), which must then all have the
     same MoE layers and top-k.
@@ -144,6 +153,8 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
     advantages = torch.zeros(shape, dtype=torch.float32)
     sampler = torch.zeros(shape, dtype=torch.float32)
     segment_ids = torch.zeros(shape, dtype=torch.long)
+    episode_ids = torch.full(shape, -1, dtype=torch.long)
+    episode_tokens = torch.zeros(shape, dtype=torch.float32)
     with_ref = all(row.ref_logprobs is not None for row in rows)
     ref = torch.zeros(shape, dtype=torch.float32) if with_ref else None
     with_versions = all(row.versions is not None for row in rows)
@@ -157,6 +168,8 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
         loss_mask[r, :n] = mask
         advantages[r, :n] = mask * row.advantage
         sampler[r, :n] = torch.from_numpy(row.sampler_logprobs)
+        episode_ids[r, :n] = row.episode
+        episode_tokens[r, :n] = float(row.episode_tokens or row.model_tokens)
         if ref is not None:
             ref[r, :n] = torch.from_numpy(row.ref_logprobs)
         if versions is not None:
@@ -176,6 +189,8 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
         versions=versions,
         routes=routes,
         num_episodes=num_episodes or len({row.episode for row in rows}),
+        episode_ids=episode_ids,
+        episode_tokens=episode_tokens,
     )
 
 
