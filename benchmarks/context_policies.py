@@ -1,0 +1,233 @@
+"""Context policies side by side on the long family: what survives a full context, at what cost.
+
+The report's claim (§4.1; blog "Training Composer for longer horizons"): self-summarisation beats
+a tuned prompt-based compaction, with half its error at a fifth of the tokens. Here the same model
+and the same held-out ``tiny-long`` tasks run under each ``agent.context_policy`` at two triggers:
+
+- the agent's work turns are the oracle's walkthrough (read each note in its own turn, then write),
+  so every policy faces the same context at the same moments;
+- every summary is the model's: with ``self_summary`` the model answers the short request at the
+  end of its own context (greedy, up to ``--summary-tokens``); with ``compaction`` it answers the
+  long fixed compaction prompt over the transcript in a separate call (up to
+  ``--compaction-tokens``); ``truncate`` drops the oldest tool outputs and writes nothing.
+
+What is measured per episode (the facts are the K key words, one per note):
+
+- ``answerable``: every key word is in what the agent can see when it writes the answer (the
+  summary it resumed from and the reads since; truncation: the outputs still in context);
+- ``retention``: over the segments after the first, the share of the words read before the
+  segment began that its opening holds (the summary, or the surviving tool outputs);
+- ``spurious``: the same share for the sixteen-word vocabulary's words the task does not use (a
+  summary that lists words at random scores here too: the floor to read ``retention`` against);
+- ``summary_tokens`` (model-written summary or compaction tokens), ``compaction_prompt_tokens``
+  (prefill of the separate compaction calls), ``summary_prefill_reused`` (context a prefix cache
+  holds for a self-summary call), seconds.
+
+``off`` is listed as the reference: the window ends the episode before the answer.
+
+    .venv/bin/python benchmarks/context_policies.py [--model smollm2 --tasks 4 --threads 2]
+
+Results: ``benchmarks/results/context_policies.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from opencomposer.agent.policies.local import EnginePolicy
+from opencomposer.agent.policies.scripted import ScriptedPolicy, oracle_script
+from opencomposer.config import load_recipe
+from opencomposer.envs.rollout import run_episode
+from opencomposer.inference import LocalEngine
+from opencomposer.model.loading import load_model
+from opencomposer.tasks.generators.long import WORDS
+from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
+from opencomposer.types import Context, Episode, PolicyOutput
+
+RESULTS = Path(__file__).parent / "results" / "context_policies.json"
+POLICIES = ("off", "truncate", "compaction", "self_summary")
+
+
+class ModelSummaries:
+    """The oracle's walkthrough for work turns; the model for every summary (self-summary turns and
+    compaction calls, both asked with ``Context.summary``)."""
+
+    def __init__(self, oracle: ScriptedPolicy, model: EnginePolicy):
+        self.oracle, self.model = oracle, model
+        self.name = f"oracle+{model.name}-summaries"
+        self.tokenizer = oracle.tokenizer
+        self.max_context = model.max_context
+
+    def act(self, context: Context) -> PolicyOutput:
+        return self.model.act(context) if context.summary else self.oracle.act(context)
+
+
+def has(word: str, text: str) -> bool:
+    return re.search(rf"\b{re.escape(word)}\b", text, flags=re.IGNORECASE) is not None
+
+
+def content(message: Any) -> str:
+    """A message's facts: a resume message's summary alone (its state block's fixed wording holds
+    vocabulary words such as "model" and "state"), a tool output whole, nothing else."""
+    if message.role == "tool":
+        return message.content
+    if message.role == "user":
+        found = re.search(r"<summary>\n(.*)\n</summary>", message.content, flags=re.DOTALL)
+        return found.group(1) if found else ""
+    return ""
+
+
+def opening_text(segment: Any) -> str:
+    """What a segment opens with beyond the system prompt and the task: the summary, or the tool
+    outputs truncation kept (the oracle's own turns hold no key words before the write)."""
+    return "\n".join(content(m) for m in segment.messages[2:])
+
+
+def visible_at_write(segment: Any) -> str:
+    """What the last segment shows the agent before its write turn: its opening and its reads."""
+    seen = []
+    for m in segment.messages[2:]:
+        if m.role == "assistant" and "write_file" in m.content:
+            break
+        seen.append(content(m))
+    return "\n".join(seen)
+
+
+def measure(episode: Episode, words: tuple[str, ...]) -> dict[str, float]:
+    others = [w for w in WORDS if w not in words]
+    retention, spurious = [], []
+    reads = 0
+    for i, segment in enumerate(episode.segments):
+        if i:
+            seen = words[:reads]
+            text = opening_text(segment)
+            if seen:
+                retention.append(np.mean([has(w, text) for w in seen]))
+            spurious.append(np.mean([has(w, text) for w in others]))
+        reads += sum(1 for t in segment.turns if not t.summary and any(c.name == "read_file" for c in t.tool_calls))
+    wrote = any(c.name == "write_file" for t in episode.turns for c in t.tool_calls)
+    answerable = wrote and all(has(w, visible_at_write(episode.segments[-1])) for w in words)
+    m = episode.metrics
+    return {
+        "answerable": float(answerable),
+        "retention": float(np.mean(retention)) if retention else float("nan"),
+        "spurious": float(np.mean(spurious)) if spurious else float("nan"),
+        "segments": m.get("segments", 1.0),
+        "summaries": m.get("summaries", 0.0),
+        "summary_tokens": m.get("summary_tokens", 0.0),
+        "compaction_prompt_tokens": m.get("compaction_prompt_tokens", 0.0),
+        "summary_prefill_reused": m.get("summary_prefill_reused", 0.0),
+        "seconds": m.get("wall_s", 0.0),
+    }
+
+
+def sizes(tasks: list[Any], tokenizer: Any, config: Any) -> tuple[int, int]:
+    """The first prompt's tokens and the largest context one read adds, from an oracle run."""
+    episode = run_episode(tasks[0], ScriptedPolicy(oracle_script, tokenizer=tokenizer), config)
+    turns = [t for t in episode.turns if any(c.name == "read_file" for c in t.tool_calls)]
+    return len(episode.segments[0].prompt_ids), max(len(t.token_ids) + len(t.observation_ids) for t in turns)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2", help="model kind or checkpoint folder (default smollm2)")
+    parser.add_argument("--tasks", type=int, default=4, help="held-out tiny-long tasks")
+    parser.add_argument("--summary-tokens", type=int, default=256)
+    parser.add_argument("--compaction-tokens", type=int, default=512)
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model, seed=0)
+    model.float()
+    engine = LocalEngine(model, tokenizer)
+    base = ["grading.lint=false", "sampling.temperature=0", f"sampling.max_new_tokens={args.compaction_tokens}",
+            f"agent.summary_max_tokens={args.summary_tokens}", f"agent.compaction_max_tokens={args.compaction_tokens}"]
+    config = load_recipe(None, base)
+    summarizer = EnginePolicy(engine, tokenizer, config.sampling, name=str(args.model))
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = [tiny_spec(0, "heldout", i, "tiny-long") for i in range(args.tasks)]
+        tasks = [write_tiny_task(Path(tmp) / f"task-{i}", spec) for i, spec in enumerate(specs)]
+        prompt, read = sizes(tasks, tokenizer, config)
+        # a window that holds the prompt, a summary and about three reads; triggers after one read
+        # of a fresh segment ("tight") and after two ("loose")
+        window = prompt + 3 * read + args.summary_tokens + 300
+        triggers = {"tight": prompt + read - 20, "loose": prompt + 2 * read - 20}
+        print(f"prompt {prompt} tokens, one read up to {read}; window {window}; triggers {triggers}")
+        rows = []
+        for trigger_name, trigger in triggers.items():
+            for policy_name in args.policies:
+                if policy_name == "off" and trigger_name == "loose":
+                    continue  # the trigger does not apply
+                overrides = [*base, f"agent.context_window={window}", f"agent.context_policy={policy_name}",
+                             f"agent.summary_trigger_tokens={trigger}"]
+                run_config = load_recipe(None, overrides)
+                for spec, task in zip(specs, tasks, strict=True):
+                    oracle = ScriptedPolicy(oracle_script, tokenizer=tokenizer)
+                    started = time.perf_counter()
+                    episode = run_episode(task, ModelSummaries(oracle, summarizer), run_config)
+                    row = {"policy": policy_name, "trigger": trigger_name, "task": task.id, "k": len(spec.words),
+                           "status": episode.status.value, **measure(episode, spec.words),
+                           "seconds": time.perf_counter() - started, "summary_texts": episode.summaries}
+                    rows.append(row)
+                    print(f"{trigger_name:5s} {policy_name:12s} {task.id}: answerable {row['answerable']:.0f} "
+                          f"retention {row['retention']:.2f} spurious {row['spurious']:.2f} "
+                          f"summary tokens {row['summary_tokens']:.0f} ({row['seconds']:.0f} s)")
+    table = summarise(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"model": str(args.model), "window": window, "triggers": triggers,
+                                    "prompt_tokens": prompt, "read_tokens": read, "table": table, "rows": rows},
+                                   indent=1) + "\n")
+    plot(table, args.out.with_suffix(".png"))
+    print(json.dumps(table, indent=1))
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for key in dict.fromkeys((r["trigger"], r["policy"]) for r in rows):
+        group = [r for r in rows if (r["trigger"], r["policy"]) == key]
+        entry = {"trigger": key[0], "policy": key[1], "episodes": len(group)}
+        for name in ("answerable", "retention", "spurious", "summaries", "summary_tokens",
+                     "compaction_prompt_tokens", "summary_prefill_reused", "seconds"):
+            values = [r[name] for r in group if not np.isnan(r[name])]
+            entry[name] = float(np.mean(values)) if values else float("nan")
+        out.append(entry)
+    return out
+
+
+def plot(table: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for trigger, marker in (("tight", "o"), ("loose", "s")):
+        for entry in (e for e in table if e["trigger"] == trigger):
+            axes[0].scatter(entry["summary_tokens"], entry["retention"], marker=marker, s=60)
+            axes[0].annotate(f"{entry['policy']} ({trigger})", (entry["summary_tokens"], entry["retention"]),
+                             fontsize=8, xytext=(4, 4), textcoords="offset points")
+            axes[1].bar(f"{entry['policy']}\n{trigger}", entry["answerable"])
+    axes[0].set_xlabel("summary tokens per episode (model-written)")
+    axes[0].set_ylabel("facts retained at each new segment")
+    axes[0].set_title("what a fresh segment still knows")
+    axes[1].set_ylabel("episodes whose answer is in view at the write")
+    axes[1].set_title("answerable")
+    axes[1].tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
