@@ -32,21 +32,29 @@ def check_main(args: argparse.Namespace) -> int:
 
 def import_main(args: argparse.Namespace) -> int:
     from opencomposer.tasks import importers
+    from opencomposer.tasks.environment import EnvironmentSpec, EnvironmentSpecError, parse_environment
 
     out = Path(args.out)
     try:
+        base: EnvironmentSpec | None = None
+        find_links, python = getattr(args, "find_links", []), getattr(args, "python", None)
+        if find_links or python:
+            links = [str(Path(f).resolve()) for f in find_links]
+            base = parse_environment({"find_links": links, **({"python": python} if python else {})})
         if args.format == "humaneval":
             tasks = importers.import_humaneval(out, limit=args.limit, overwrite=args.overwrite)
         elif args.format == "swebench":
-            if not args.repo:
-                print("opencomposer tasks import swebench: --repo CHECKOUT is required", file=sys.stderr)
+            if not args.repo or not args.source:
+                print("opencomposer tasks import swebench: SOURCE and --repo CHECKOUT are required", file=sys.stderr)
                 return 2
-            tasks = importers.import_swebench(Path(args.source), Path(args.repo), out, overwrite=args.overwrite)
+            tasks = importers.import_swebench(args.source, Path(args.repo), out, overwrite=args.overwrite,
+                                              environment=base)
         else:
             config = load_recipe(args.recipe, args.overrides)
             tasks = importers.import_harbor(Path(args.source), out, config.sandbox,
-                                            run_solutions=not args.no_solutions, overwrite=args.overwrite)
-    except (TaskFormatError, FileExistsError) as e:
+                                            run_solutions=not args.no_solutions, overwrite=args.overwrite,
+                                            environment=base)
+    except (TaskFormatError, FileExistsError, EnvironmentSpecError) as e:
         print(f"opencomposer tasks import: {e}", file=sys.stderr)
         return 2
     print(f"imported {len(tasks)} task(s) into {out}")
@@ -202,3 +210,57 @@ def validate_main(args: argparse.Namespace) -> int:
         return 1
     print(f"all {len(checks)} task(s) hold: gold resolves, the untouched repository does not")
     return 0
+
+
+def build_env_main(args: argparse.Namespace) -> int:
+    """Build the ``[environment]`` of every task under ``args.suite`` (once per distinct
+    environment). Exit 1 when a build failed (its log is named), 2 when the suite is unreadable."""
+    from opencomposer.tasks.environment import (
+        EnvironmentBuildError,
+        EnvironmentSpecError,
+        build_environment,
+        resolve_environment,
+        task_environment_spec,
+    )
+
+    config = load_recipe(args.recipe, args.overrides)
+    try:
+        tasks = load_suite(Path(args.suite))
+    except TaskFormatError as e:
+        print(f"opencomposer tasks build-env: {e}", file=sys.stderr)
+        return 2
+    groups: dict[str, list] = {}  # environment key -> (resolved, [task, ...])
+    failed = 0
+    for task in tasks:
+        spec = task_environment_spec(task)
+        if spec is None:
+            continue
+        try:
+            resolved = resolve_environment(spec, task.repo, task.path)
+        except EnvironmentSpecError as e:
+            print(f"  {task.id}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        groups.setdefault(resolved.key, [resolved, []])[1].append(task)
+    if not groups and not failed:
+        print(f"none of the {len(tasks)} task(s) has an [environment]; they run on opencomposer's Python")
+        return 0
+    with ProgressBar("build-env", len(groups), status="{key} {outcome}") as bar:
+        for done, (key, (resolved, members)) in enumerate(groups.items(), 1):
+            try:
+                built = build_environment(resolved, members[0].repo, config.sandbox)
+                outcome = f"{'built' if built.built else 'cached'} in {built.seconds:.1f} s"
+                lines = [f"{key}: {outcome}, {len(members)} task(s) ({members[0].id}"
+                         + (", ..." if len(members) > 1 else "") + f"); python {built.manifest.get('python')}"]
+                if built.manifest.get("note"):
+                    lines.append(f"  note: {built.manifest['note']}")
+            except EnvironmentBuildError as e:
+                failed += 1
+                outcome = "FAILED"
+                lines = [f"{key}: FAILED for {len(members)} task(s) ({members[0].id}, ...): {e}"]
+            bar.update(done, key=key[:12], outcome=outcome)
+            for line in lines:
+                print(line, file=sys.stderr if outcome == "FAILED" else sys.stdout)
+    print(f"{len(groups)} environment(s) for {sum(len(m) for _, m in groups.values())} task(s); "
+          f"{failed} failed")
+    return 1 if failed else 0

@@ -50,11 +50,27 @@ class SandboxConfig(Section):
     their test runs would all start together. Waiting for a slot does not count toward a
     command's wall-clock limit."""
 
+    env_cache_dir: str = ""
+    """Folder of the built task environments (``[environment]`` in a task's ``task.toml``;
+    ``tasks.environment``), one virtual environment per definition; empty:
+    ``$OPENCOMPOSER_HOME/task-envs``. It can be deleted between runs (environments are rebuilt on
+    first use)."""
+    env_build_timeout_s: float = 1800.0
+    """Wall-clock limit of building one task environment (pip installs included)."""
+    env_build_network: bool = True
+    """Let an environment's build reach the network (the package index); agent and test commands
+    never have it. False: builds install only from the definition's ``find_links`` folders
+    (``pip --no-index``)."""
+
     def validate(self) -> None:
         for name in ("timeout_s", "max_timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes",
                      "tmp_size_mb", "output_limit_bytes", "max_output_mb"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"sandbox.{name}: must be positive, got {getattr(self, name)}")
+        if self.env_build_timeout_s <= 0:
+            raise ConfigError(f"sandbox.env_build_timeout_s: must be positive, got {self.env_build_timeout_s}")
+        if self.env_cache_dir and not self.env_cache_dir.startswith(("/", "~")):
+            raise ConfigError(f"sandbox.env_cache_dir: {self.env_cache_dir!r} must be an absolute path (or start with ~)")
         if self.max_concurrent < 0:
             raise ConfigError(f"sandbox.max_concurrent: must be >= 0 (0 = the CPU count), got {self.max_concurrent}")
         if self.timeout_s > self.max_timeout_s:

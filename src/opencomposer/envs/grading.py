@@ -31,6 +31,21 @@ and the grade says ``diff_round_trip_failed``.
 
 ``GradeCache`` reuses the grade of an identical change to the same task (``grading.cache``).
 
+**Task environments.** A task with an ``[environment]`` (``tasks.environment``) is graded in its
+environment, built on first use: the sandbox binds it read-only (``sandbox.workspace``). This module
+sits below ``tasks`` and cannot import the builder, so ``tasks.environment`` registers it here
+(``set_environment_provider``) when the task format is imported; a build that fails raises
+``GradingInfraError`` naming the kept build log, never a zero.
+
+**Harbor verifiers.** A task folder with ``verifier/test.sh`` is graded the way Harbor grades: its
+``verifier/`` folder is mounted read-only at ``/tests``, a fresh writable ``/logs/verifier`` beside it,
+``bash /tests/test.sh`` runs from the workdir (the network closed, ``grading.timeout_s``), and the
+reward is read from ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (``{"reward": x}``,
+or a single named number). ``fail_to_pass`` is that reward (clamped to [0, 1]) and the task is
+resolved at 1. A script that writes no readable reward scores 0 (logged): the agent's code may be
+what stopped it. Known limit, as in Harbor: code under test that runs during the script can write
+the reward file itself.
+
 Known limit: the tests run the agent's code in the same process as pytest. The defences above
 stop every hack in ``tests/envs/test_red_team.py``; code written to find the recording plugin in
 memory, or a child process that reads the hidden tests, could still get around them
@@ -47,8 +62,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -56,15 +73,48 @@ from opencomposer.config import GradingConfig, SandboxConfig
 from opencomposer.envs.integrity import Secured, secure_workspace
 from opencomposer.envs.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import DiffStats, PatchError, apply_patch, copy_tree, diff_stats
-from opencomposer.sandbox.workspace import Sandbox, SandboxError
+from opencomposer.sandbox.workspace import Mount, Sandbox, SandboxEnvironment, SandboxError
 from opencomposer.types import Grade, Task
 
 RUFF_TIMEOUT_S = 120.0
+VERIFIER_DIR = "verifier"
+VERIFIER_SCRIPT = "test.sh"
 log = logging.getLogger(__name__)
 
 
 class GradingInfraError(RuntimeError):
     """Grading could not be carried out; the episode is an infrastructure error, never a zero."""
+
+
+_environment_provider: Callable[[Task, SandboxConfig | None], SandboxEnvironment | None] | None = None
+_build_errors: tuple[type[BaseException], ...] = ()
+
+
+def set_environment_provider(provider: Callable[[Task, SandboxConfig | None], SandboxEnvironment | None],
+                             *errors: type[BaseException]) -> None:
+    """Register what builds a task's environment (``tasks.environment.prepare_task_environment``)
+    and the errors that mean its build failed."""
+    global _environment_provider, _build_errors
+    _environment_provider, _build_errors = provider, tuple(errors)
+
+
+def task_environment(task: Task, sandbox_config: SandboxConfig | None = None) -> SandboxEnvironment | None:
+    """The sandbox environment of ``task`` (built on first use), or None when it has none; a failed
+    build raises ``GradingInfraError`` (with the build log's path)."""
+    if _environment_provider is None:
+        return None
+    try:
+        return _environment_provider(task, sandbox_config)
+    except _build_errors as e:
+        raise GradingInfraError(f"the task's environment could not be built: {e}") from e
+
+
+def verifier_dir(task: Task) -> Path | None:
+    """The task folder's Harbor verifier (``verifier/`` holding ``test.sh``), or None."""
+    if task.path is None:
+        return None
+    folder = Path(task.path) / VERIFIER_DIR
+    return folder if (folder / VERIFIER_SCRIPT).is_file() else None
 
 
 def grade(
@@ -91,8 +141,15 @@ def grade(
             raise GradingInfraError(f"the agent's diff cannot be parsed: {e}") from e
         log.error("task %s: the harness's diff cannot be measured (%s); its sizes count as 0", task.id, e)
         stats = DiffStats()
+    environment = task_environment(task, sandbox_config)
+    verifier = verifier_dir(task)
+    # removed when it goes out of scope, whatever way grading ends
+    holder = tempfile.TemporaryDirectory(prefix="opencomposer-verifier-") if verifier is not None else None
+    logs = Path(holder.name) if holder is not None else None
+    mounts = [] if verifier is None else [Mount(str(verifier), "/tests"), Mount(str(logs), "/logs/verifier", True)]
     try:
-        sandbox = Sandbox(task.repo if workspace is None else workspace, sandbox_config, workdir=task.workdir)
+        sandbox = Sandbox(task.repo if workspace is None else workspace, sandbox_config, workdir=task.workdir,
+                          environment=environment, mounts=mounts)
     except SandboxError as e:
         raise GradingInfraError(f"the grading sandbox could not start: {e}") from e
     with sandbox:
@@ -107,7 +164,10 @@ def grade(
         if task.tests_dir is not None:
             copy_tree(task.tests_dir, sandbox.workspace)
         secured = secure_workspace(sandbox.workspace, task.repo, task.tests_dir, task.protected_paths)
-        run = _run_tests(task, sandbox, config, secured)
+        if verifier is None:
+            run = _run_tests(task, sandbox, config, secured)
+        else:
+            run, reward = _run_verifier(task, sandbox, config, secured, logs)
 
     def fraction(ids: list[str]) -> float:
         return 1.0 if not ids else sum(run.outcomes.get(i) == "passed" for i in ids) / len(ids)
@@ -115,8 +175,11 @@ def grade(
     tampering = secured.tampering + run.tampering
     if tampering:
         log.warning("task %s: the change tampered with the test run: %s", task.id, "; ".join(tampering))
-    fail_to_pass, pass_to_pass = (0.0, 0.0) if tampering else (fraction(task.fail_to_pass),
-                                                                 fraction(task.pass_to_pass))
+    if verifier is not None:  # Harbor's verifier: one reward in [0, 1]
+        fail_to_pass, pass_to_pass = (0.0, 0.0) if tampering else (reward, 1.0)
+    else:
+        fail_to_pass, pass_to_pass = (0.0, 0.0) if tampering else (fraction(task.fail_to_pass),
+                                                                     fraction(task.pass_to_pass))
     rubric_ok = _rubric_ok(task, stats.paths, final_message)
     verdict = Grade(
         resolved=fail_to_pass == 1.0 and pass_to_pass == 1.0 and rubric_ok and not tampering,
@@ -240,6 +303,49 @@ def _run_tests(task: Task, sandbox: Sandbox, config: GradingConfig, secured: Sec
                          protected=secured.protected, hidden=secured.hidden)
     except SandboxError as e:
         raise GradingInfraError(f"the test command could not be started: {e}") from e
+
+
+def _run_verifier(task: Task, sandbox: Sandbox, config: GradingConfig, secured: Secured,
+                  logs: Path) -> tuple[TestRun, float]:
+    """Run the task's Harbor ``test.sh`` (mounted at ``/tests``) and read its reward from ``logs``
+    (mounted at ``/logs/verifier``): (the run as one test, the reward in [0, 1])."""
+    try:
+        result = sandbox.run(f"bash /tests/{VERIFIER_SCRIPT}", timeout_s=config.timeout_s,
+                             readonly=secured.protected)
+    except SandboxError as e:
+        raise GradingInfraError(f"the verifier could not be started: {e}") from e
+    reward, problem = read_reward(logs)
+    if problem:
+        log.warning("task %s: %s (test.sh exited %d%s); scored 0", task.id, problem, result.exit_code,
+                    ", timed out" if result.timed_out else "")
+    outcome = "passed" if reward >= 1.0 else "failed"
+    run = TestRun({f"/tests/{VERIFIER_SCRIPT}": outcome}, result.exit_code, result.timed_out, result.duration_s,
+                  1, result.output)
+    return run, reward
+
+
+def read_reward(folder: Path) -> tuple[float, str]:
+    """The reward Harbor's verifier left in ``folder``: ``reward.txt`` (a number) or ``reward.json``
+    (``{"reward": x}``, or an object with a single number), clamped to [0, 1]; (0.0, why) when there
+    is none that can be read."""
+    text_file, json_file = folder / "reward.txt", folder / "reward.json"
+    try:
+        if text_file.is_file():
+            value: object = float(text_file.read_text(encoding="utf-8").strip())
+        elif json_file.is_file():
+            data = json.loads(json_file.read_text(encoding="utf-8"))
+            numbers = {k: v for k, v in data.items() if isinstance(v, int | float)} if isinstance(data, dict) else {}
+            value = numbers.get("reward", next(iter(numbers.values())) if len(numbers) == 1 else None)
+            if value is None:
+                return 0.0, f"reward.json has no 'reward' number: {str(data)[:200]}"
+        else:
+            return 0.0, "the verifier wrote no reward.txt or reward.json"
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        return 0.0, f"the verifier's reward cannot be read: {e}"
+    number = float(value)
+    if number != number:  # NaN
+        return 0.0, "the verifier's reward is NaN"
+    return min(1.0, max(0.0, number)), ""
 
 
 def _rubric_ok(task: Task, changed: list[str], final_message: str | None) -> bool:

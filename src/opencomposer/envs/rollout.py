@@ -1,7 +1,9 @@
 """One episode end to end: sandbox, agent loop, diff, grading.
 
-``run_episode`` is what the evaluator and the RL environment service call for every rollout. It
-never raises for failures of the harness: a sandbox that cannot start, a policy backend that
+``run_episode`` is what the evaluator and the RL environment service call for every rollout. The
+agent works with the task's own environment (``[environment]`` in ``task.toml``,
+``tasks.environment``: built on first use, bound read-only), the one its tests run in. It
+never raises for failures of the harness: an environment that will not build, a sandbox that cannot start, a policy backend that
 fails or a grader that crashes all come back as an ``Episode`` with status ``INFRA_ERROR`` and
 the error text, so they are excluded from scores instead of counted as zeros. A workspace diff
 that would not rebuild the workspace (``sandbox.patch.DiffRoundTripError``) is a harness bug too,
@@ -19,7 +21,7 @@ from pathlib import Path
 from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policy import Policy
 from opencomposer.config import Config
-from opencomposer.envs.grading import GradingInfraError, grade
+from opencomposer.envs.grading import GradingInfraError, grade, task_environment
 from opencomposer.sandbox.patch import DiffRoundTripError
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import Episode, EpisodeStatus, Grade, Task
@@ -39,8 +41,12 @@ def run_episode(
 ) -> Episode:
     """Roll out ``policy`` on ``task`` and grade the result (``reward.json`` goes to ``out_dir``);
     ``grader`` has ``grade``'s signature (``GradeCache.grade`` reuses grades of identical changes)."""
+    try:  # the task's own environment ([environment] in task.toml), built on first use
+        environment = task_environment(task, config.sandbox)
+    except GradingInfraError as e:  # a failed build is the infrastructure's, never a zero reward
+        return Episode(task_id=task.id, sample_index=sample_index, status=EpisodeStatus.INFRA_ERROR, error=str(e))
     try:
-        sandbox = Sandbox(task.repo, config.sandbox, workdir=task.workdir)
+        sandbox = Sandbox(task.repo, config.sandbox, workdir=task.workdir, environment=environment)
     except SandboxError as e:
         return Episode(task_id=task.id, sample_index=sample_index, status=EpisodeStatus.INFRA_ERROR,
                        error=f"sandbox could not start: {e}")

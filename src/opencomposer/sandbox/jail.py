@@ -30,6 +30,10 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # as one folder; /etc/alternatives (hundreds of links, slow to copy) is bound on its own
 _ETC_COPIED = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
 _ETC_BOUND = ("/etc/alternatives",)
+# what a jail with the network (a task environment's build) also needs to resolve names and check
+# certificates: the small files are copied, the certificate folders bound
+_ETC_NETWORK_COPIED = ("/etc/resolv.conf", "/etc/nsswitch.conf", "/etc/host.conf", "/etc/gai.conf")
+_ETC_NETWORK_BOUND = ("/etc/ssl", "/etc/ca-certificates", "/etc/pki")
 
 
 _BWRAP_OK: bool | None = None
@@ -56,7 +60,9 @@ class BwrapCommandLine:
     /tmp, the workspace read-write at ``workdir``.
 
     Built once when the sandbox opens (bwrap's path, which system folders are links, the
-    interpreter's folders); ``options`` adds what is each command's own. bwrap reads the options
+    interpreter's folders, the sandbox's ``mounts``: ``(host, inside, writable)``, a task
+    environment read-only); ``network`` keeps the host's network (only while a task environment is
+    built, never for agent or test commands); ``options`` adds what is each command's own. bwrap reads the options
     from a pipe (``--args FD``) rather than its argv: it cannot start the jail before it has read
     them, and the caller writes them only once bwrap has its limits and is in the cgroup
     (``Sandbox._start_jail``), so bwrap itself stands in for a waiting wrapper process.
@@ -70,12 +76,15 @@ class BwrapCommandLine:
     TIOCSTI into the user's terminal); a second one cost 3-6 ms per command on a loaded machine
     (each session gets a scheduler autogroup of its own)."""
 
-    def __init__(self, *, workspace: Path, workdir: str, etc: Path, config: SandboxConfig):
+    def __init__(self, *, workspace: Path, workdir: str, etc: Path, config: SandboxConfig, network: bool = False,
+                 mounts: Sequence[tuple[str, str, bool]] = ()):
         self.bwrap = shutil.which(BWRAP) or BWRAP
         setuid = os.path.exists(self.bwrap) and bool(os.stat(self.bwrap).st_mode & stat.S_ISUID)
         self.wrapped = setuid and os.geteuid() != 0
         head = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                 "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--cap-drop", "ALL"]
+        if network:  # only a task environment's build asks for it (tasks.environment): never agent or test code
+            head.append("--share-net")
         for path in _SYSTEM_DIRS:
             if os.path.islink(path):
                 head += ["--symlink", os.readlink(path), path]
@@ -89,6 +98,12 @@ class BwrapCommandLine:
         head += ["--size", str(config.tmp_size_mb << 20), "--tmpfs", "/tmp"]
         for path in python_roots() + list(config.ro_binds):
             head += ["--ro-bind-try", path, path]
+        if network:
+            for path in _ETC_NETWORK_BOUND:
+                head += ["--ro-bind-try", path, path]
+        # a task environment (read-only) and, while one is built, its folder and pip's cache (writable)
+        for source, target, writable in mounts:
+            head += ["--bind" if writable else "--ro-bind", source, target]
         # kept as the bytes bwrap reads: only the per-command parts are encoded per command
         self._head = nul_terminated(head)
         self._workspace = nul_terminated(["--proc", "/proc", "--dev", "/dev", "--bind", str(workspace), workdir])
@@ -128,10 +143,11 @@ def nul_terminated(options: Sequence[str]) -> bytes:
     return b"".join(os.fsencode(option) + b"\0" for option in options)
 
 
-def write_etc(root: Path) -> Path:
+def write_etc(root: Path, network: bool = False) -> Path:
     """The /etc the jail sees, as ``root/etc``: passwd, group and hosts of its own (uid 1000 is
     "agent"), copies of the host's dynamic-linker configuration and time zone, and empty mount
-    points for what ``BwrapCommandLine`` binds from the host's /etc.
+    points for what ``BwrapCommandLine`` binds from the host's /etc; with ``network`` (a task
+    environment's build), also the name-resolution files and mount points for the certificates.
 
     One bind of this folder replaces one per file: each bind costs bwrap a mount, a read of the
     mount table and a remount, and the jail is built again for every command."""
@@ -150,6 +166,13 @@ def write_etc(root: Path) -> Path:
     for path in _ETC_BOUND:
         if os.path.isdir(path):
             (etc / os.path.basename(path)).mkdir()
+    if network:  # name resolution and certificates for a jail that shares the host's network
+        for path in _ETC_NETWORK_COPIED:
+            if os.path.isfile(path):
+                shutil.copyfile(path, etc / os.path.basename(path))
+        for path in _ETC_NETWORK_BOUND:
+            if os.path.isdir(path):
+                (etc / os.path.basename(path)).mkdir()
     return etc
 
 

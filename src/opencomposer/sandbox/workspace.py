@@ -31,6 +31,17 @@ the workspace (no ``..``, no symlink pointing out, regular files only).
 ``sandbox.isolation = "none"`` runs commands directly on the host with the same rlimits and timeout
 but none of the isolation; it is for machines without bubblewrap and warns loudly each time.
 
+A task may bring its own Python environment (``tasks.environment``: a virtual environment built
+once per definition and cached). ``Sandbox(..., environment=SandboxEnvironment(...))`` binds it
+read-only at its host path, puts its ``bin`` first on PATH in place of opencomposer's interpreter
+(so ``python``, ``python3`` and ``pytest`` are the task's), sets ``VIRTUAL_ENV`` and puts the
+environment's workspace folders (a src layout's ``src``) on ``PYTHONPATH`` after whatever the caller
+passes there (the test runner's plugin folder). The code in the workspace therefore imports from
+the workspace copy, never from the cache, and cannot write into the environment. ``mounts`` binds
+further host folders (read-only or writable, at any path: grading's ``/tests`` and
+``/logs/verifier`` for a Harbor verifier); ``network=True`` keeps the host's network and is used
+only while an environment is built.
+
 Not here: snapshots/forking of running environments, network egress through a proxy (RECIPE.md
 §6 mentions both), containers with their own system packages.
 """
@@ -50,6 +61,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig
@@ -63,6 +75,7 @@ from opencomposer.sandbox.jail import (
     kill_cgroup,
     kill_group,
     make_pids_cgroup,
+    python_roots,
     read_all,
     remove_cgroup,
     write_etc,
@@ -86,6 +99,33 @@ class PathOutsideWorkspace(ValueError):
     """A path that would leave the workspace (``..``, an absolute path elsewhere, a symlink out)."""
 
 
+@dataclass(frozen=True)
+class SandboxEnvironment:
+    """A task's built Python environment as the sandbox uses it (``tasks.environment`` makes it).
+
+    ``root``: the environment folder, bound read-only at the same path (a virtual environment's
+    scripts name it by absolute path). ``bin_dir`` replaces opencomposer's interpreter folder at the
+    front of PATH. ``pythonpath``: workspace-relative folders put on ``PYTHONPATH`` (where the
+    repository's own package is imported from). ``binds``: further host folders bound read-only at
+    the same path (the interpreter the environment was made from, when it lives outside ``/usr``).
+    ``variables``: further environment variables of every command."""
+
+    root: str
+    bin_dir: str
+    pythonpath: tuple[str, ...] = ()
+    binds: tuple[str, ...] = ()
+    variables: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host folder or file bound into the jail at ``target`` (read-only unless ``writable``)."""
+
+    source: str
+    target: str
+    writable: bool = False
+
+
 class Sandbox:
     """A private workspace made from ``repo`` plus a jail to run commands in it.
 
@@ -94,8 +134,12 @@ class Sandbox:
     sandbox lives: ``diff()`` compares the workspace against it.
     """
 
-    def __init__(self, repo: Path | str | None, config: SandboxConfig | None = None, workdir: str = DEFAULT_WORKDIR):
+    def __init__(self, repo: Path | str | None, config: SandboxConfig | None = None, workdir: str = DEFAULT_WORKDIR,
+                 *, environment: SandboxEnvironment | None = None, mounts: Sequence[Mount] = (),
+                 network: bool = False):
         self.config = config or SandboxConfig()
+        self.environment = environment
+        self.network = network
         self.config.validate()
         if not workdir.startswith("/") or workdir == "/" or ".." in workdir.split("/"):
             raise ValueError(f"workdir: {workdir!r} must be an absolute path below / without '..'")
@@ -135,10 +179,20 @@ class Sandbox:
                 shutil.copytree(self.source, self.workspace, symlinks=True, ignore=ignore_names)
             else:
                 self.workspace.mkdir()
-            etc = write_etc(self.root)
+            etc = write_etc(self.root, network=network)
+            shown = set(python_roots())  # opencomposer's interpreter is bound already
+            binds = [] if environment is None else [Mount(p, p) for p in (environment.root, *environment.binds)
+                                                    if p not in shown]
+            binds += list(mounts)
             if self.config.isolation == "bwrap":
-                self._command_line = BwrapCommandLine(workspace=self.workspace, workdir=self.workdir, etc=etc,
-                                                      config=self.config)
+                self._command_line = BwrapCommandLine(
+                    workspace=self.workspace, workdir=self.workdir, etc=etc, config=self.config, network=network,
+                    mounts=[(m.source, m.target, m.writable) for m in binds])
+            else:
+                moved = [m.target for m in binds if m.source != m.target]
+                if moved:
+                    raise SandboxUnavailable(f'sandbox.isolation = "none" cannot show host folders at other paths '
+                                             f"({', '.join(moved)}); this needs bubblewrap")
             (self.root / "home").mkdir()
             if os.geteuid() == 0:
                 self._cgroup = make_pids_cgroup(f"opencomposer-{os.getpid()}-{self.id}", self.config.max_processes)
@@ -362,7 +416,7 @@ class Sandbox:
             kill_cgroup(self._cgroup)
 
     def _environment(self, extra: dict[str, str], host: bool = False) -> dict[str, str]:
-        python_bin = str(Path(sys.executable).parent)
+        python_bin = str(Path(sys.executable).parent) if self.environment is None else self.environment.bin_dir
         env = {
             "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
             "HOME": str(self.root / "home") if host else "/tmp",
@@ -373,7 +427,15 @@ class Sandbox:
             "PYTHONUNBUFFERED": "1",
             "PIP_NO_INPUT": "1",
         }
+        if self.environment is not None:
+            env["VIRTUAL_ENV"] = self.environment.root
+            env.update(self.environment.variables)
         env.update(extra)
+        if self.environment is not None and self.environment.pythonpath:
+            # the caller's entries (the test runner's plugin folder) first, then the repository's own
+            ours = [self.command_path(rel) if rel not in ("", ".") else self.command_path("").rstrip("/")
+                    for rel in self.environment.pythonpath]
+            env["PYTHONPATH"] = ":".join([p for p in env.get("PYTHONPATH", "").split(":") if p] + ours)
         return env
 
     def _kill_leftovers(self) -> None:

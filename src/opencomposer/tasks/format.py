@@ -32,10 +32,13 @@ from typing import Any
 import opencomposer
 from opencomposer.io import atomic_directory, atomic_write_text, cache_dir
 from opencomposer.sandbox.patch import PatchError, apply_patch, copy_tree, diff_trees, list_files, parse_patch
+from opencomposer.tasks.environment import EnvironmentSpec, EnvironmentSpecError, parse_environment
 from opencomposer.types import Budgets, Task
 
 TASK_ID = re.compile(r"^[A-Za-z0-9._-]+$")
-TOP_LEVEL_KEYS = ("id", "test_command", "protected_paths", "workdir", "repo", "metadata", "budgets")
+TOP_LEVEL_KEYS = ("id", "test_command", "protected_paths", "workdir", "repo", "metadata", "budgets", "environment")
+VERIFIER_DIR, VERIFIER_SCRIPT = "verifier", "test.sh"
+"""A Harbor verifier: ``verifier/test.sh`` (with its helpers) grades the task (``envs.grading``)."""
 REPO_KEYS = ("base", "setup_patch")
 SETUP_PATCH = "setup.patch"
 PROJECTS_DIR = Path(opencomposer.__file__).parent / "suites" / "projects"
@@ -105,6 +108,15 @@ def load_task(folder: Path | str) -> Task:
         raise TaskFormatError(toml_path, "workdir", f"{workdir!r} must be an absolute path below / (e.g. /workspace)")
     metadata = _check_metadata(data.get("metadata", {}), toml_path)
     budgets = _check_budgets(data.get("budgets", {}), toml_path)
+    if "environment" in data:
+        try:
+            parse_environment(data["environment"])  # read again where it is used (tasks.environment)
+        except EnvironmentSpecError as e:
+            raise TaskFormatError(toml_path, f"environment.{e.field}" if e.field else "environment",
+                                  e.problem) from None
+    verifier = folder / VERIFIER_DIR
+    if verifier.exists() and not (verifier / VERIFIER_SCRIPT).is_file():
+        raise TaskFormatError(verifier, "", f"a verifier folder needs {VERIFIER_SCRIPT} (Harbor's tests/test.sh)")
 
     instruction_path = folder / "instruction.md"
     if not instruction_path.is_file():
@@ -396,6 +408,8 @@ def write_task(
     workdir: str = "/workspace",
     base: str | None = None,
     overwrite: bool = False,
+    environment: EnvironmentSpec | None = None,
+    verifier: Path | dict[str, str] | None = None,
 ) -> Task:
     """Create a task folder (``repo`` and ``hidden_tests`` are folders or {path: text} maps) and
     load it back, so what is written is always a valid task.
@@ -403,7 +417,9 @@ def write_task(
     ``repo`` is always the whole starting repository. With ``base`` (a ``[repo] base`` value, see
     ``resolve_base``) it is stored as that base plus ``setup.patch``, the difference written by
     ``diff_trees``; a ``repo`` the patch cannot reproduce exactly (binary or non-UTF-8 files that
-    differ from the base) raises ``ValueError``."""
+    differ from the base) raises ``ValueError``. ``environment`` becomes the ``[environment]``
+    table (``tasks.environment``); ``verifier`` (a folder or {path: text} map holding ``test.sh``)
+    the Harbor verifier folder ``verifier/`` that grades the task instead of the test lists."""
     folder = Path(folder)
     if folder.exists():
         if not overwrite:
@@ -429,6 +445,10 @@ def write_task(
     data["metadata"] = dict(metadata or {})
     if budgets:
         data["budgets"] = dict(budgets)
+    if environment is not None:
+        data["environment"] = environment.to_table()
+    if verifier is not None:
+        _write_files(folder / VERIFIER_DIR, verifier)
     (folder / "task.toml").write_text(dumps_toml(data), encoding="utf-8")
     (folder / "instruction.md").write_text(instruction if instruction.endswith("\n") else instruction + "\n",
                                            encoding="utf-8")

@@ -15,10 +15,18 @@ reported with the reason (root or merge commit, no test or no code changed, a bi
 test that fails before the change, tests that hang, a gold state that breaks other tests, ...) and
 nothing is written for them.
 
+**Environment.** A repository with packaging files (``pyproject.toml``, ``setup.cfg``,
+``setup.py``) or a src layout gets an ``[environment]`` (``detect_environment``): its declared
+dependencies installed into a task environment (``tasks.environment``; at the parent commit, the
+task's starting point) and its own code imported from the workspace (``src`` for a src layout), so
+the default ``python -m pytest -q`` works on a src-layout package without a hand-written test
+command. Commits whose dependencies are the same share one environment. ``mine(...,
+environment=SPEC)`` gives the base of that table (``find_links``, ``pip_args`` for an offline or
+mirrored index; ``EnvironmentSpec`` itself with ``install_repo`` forces it on every commit).
+
 Known limit: a test file the commit deletes stays in the task (grading restores the parent's test
-folders), so such a commit is kept only when that file still passes at the commit. Repositories
-whose tests need their own dependencies must make them importable by the sandbox's Python
-(``sandbox.ro_binds``).
+folders), so such a commit is kept only when that file still passes at the commit. A commit that
+adds a dependency its tests need fails in the parent's environment and is rejected.
 """
 
 from __future__ import annotations
@@ -29,12 +37,19 @@ import json
 import re
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig, TasksConfig
+from opencomposer.tasks.environment import (
+    REQUIREMENT_FILES,
+    SETUP_FILES,
+    EnvironmentSpec,
+    detect_repo_environment,
+)
 from opencomposer.tasks.generators.common import Candidate, Lab, Rejected, realize
 from opencomposer.tasks.generators.source import SourceRepo, Tree, is_skipped, is_test_path
 
@@ -100,7 +115,25 @@ def task_id_for(repo: Path, sha: str) -> str:
     return f"{name}-{sha[:10]}"
 
 
-def candidate_for(repo: Path, sha: str, test_command: str) -> tuple[Candidate | None, str, str]:
+def detect_environment(tree: Tree, base: EnvironmentSpec | None = None) -> EnvironmentSpec | None:
+    """The ``[environment]`` of a mined task whose starting repository is ``tree``
+    (``tasks.environment.detect_repo_environment`` on its packaging and requirement files and
+    its layout); ``base`` when it has none of them. A ``base`` with ``install_repo`` is used as is."""
+    if base is not None and base.install_repo:
+        return base
+    with tempfile.TemporaryDirectory(prefix="opencomposer-detect-") as tmp:
+        root = Path(tmp)
+        for rel, data in tree.items():
+            if rel in SETUP_FILES or rel in REQUIREMENT_FILES:
+                (root / rel).write_bytes(data)
+            elif rel.startswith("src/") and rel.count("/") <= 2 and rel.endswith(".py"):
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                (root / rel).write_bytes(b"")  # the layout is all that matters here
+        return detect_repo_environment(root, base)
+
+
+def candidate_for(repo: Path, sha: str, test_command: str,
+                  environment: EnvironmentSpec | None = None) -> tuple[Candidate | None, str, str]:
     """The candidate of commit ``sha`` (or None and the reason), and the commit's subject."""
     parents = git(repo, "rev-list", "--parents", "-n", "1", sha).split()[1:]
     subject, prompt = commit_message(repo, sha)
@@ -134,13 +167,15 @@ def candidate_for(repo: Path, sha: str, test_command: str) -> tuple[Candidate | 
         instruction=prompt,
         metadata={"source": "mined", "kind": kind, "commit": sha, "base_commit": parent, "subject": subject},
         label=f"{sha[:10]} {subject}",
+        environment=detect_environment(before, environment),
     )
     return candidate, "", subject
 
 
-def mine_commit(repo: Path, sha: str, out: Path, lab: Lab, test_command: str) -> MinedCommit:
+def mine_commit(repo: Path, sha: str, out: Path, lab: Lab, test_command: str,
+                environment: EnvironmentSpec | None = None) -> MinedCommit:
     try:
-        candidate, reason, subject = candidate_for(repo, sha, test_command)
+        candidate, reason, subject = candidate_for(repo, sha, test_command, environment)
     except MiningError as e:
         return MinedCommit(sha, "", reason=f"git failed: {e}")
     if candidate is None:
@@ -173,10 +208,12 @@ def mine(
     sandbox: SandboxConfig | None = None,
     workers: int = 1,
     on_done: Callable[[MinedCommit], None] | None = None,
+    environment: EnvironmentSpec | None = None,
 ) -> list[MinedCommit]:
     """Mine every commit of ``commits_to_mine(repo, rev, limit)`` into task folders under ``out``;
     returns one record per commit and writes ``mining.json``. ``on_done(record)`` runs in this
-    thread as each commit is done (the command's progress display)."""
+    thread as each commit is done (the command's progress display). ``environment``: the base of
+    every task's ``[environment]`` (``detect_environment``)."""
     repo, out = Path(repo), Path(out)
     shas = commits_to_mine(repo, rev, limit)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,7 +223,7 @@ def mine(
     records: dict[str, MinedCommit] = {}
 
     def one(sha: str) -> MinedCommit:
-        record = mine_commit(repo, sha, out, lab, test_command)
+        record = mine_commit(repo, sha, out, lab, test_command, environment)
         records[sha] = record
         return record
 

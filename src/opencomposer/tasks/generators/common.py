@@ -42,7 +42,8 @@ from typing import Any
 from opencomposer.config import GradingConfig, SandboxConfig, TasksConfig
 from opencomposer.envs.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import file_diff
-from opencomposer.sandbox.workspace import Sandbox
+from opencomposer.sandbox.workspace import Sandbox, SandboxEnvironment
+from opencomposer.tasks.environment import EnvironmentSpec, prepare_environment
 from opencomposer.tasks.format import PROJECTS_DIR, write_task
 from opencomposer.tasks.generators.source import (
     SourceRepo,
@@ -82,6 +83,8 @@ class Candidate:
     instruction: str | Callable[[list[str]], str]
     metadata: dict[str, Any]
     label: str
+    environment: EnvironmentSpec | None = None
+    """The task's ``[environment]`` (``tasks.environment``); None runs on opencomposer's Python."""
 
     def gold_state(self) -> Tree:
         return {**self.gold_code, **self.grading_tests}
@@ -114,13 +117,22 @@ class Lab:
         self.sandbox = sandbox or SandboxConfig()
         self.grading = GradingConfig(lint=False, timeout_s=self.config.test_timeout_s,
                                      per_test_timeout_s=self.config.per_test_timeout_s)
-        self._runs: dict[tuple[str, str], TestRun] = {}
-        self._pending: dict[tuple[str, str], threading.Lock] = {}
+        self._runs: dict[tuple[str, str, str], TestRun] = {}
+        self._pending: dict[tuple[str, str, str], threading.Lock] = {}
         self._lock = threading.Lock()
         self.runs_done = 0
 
-    def run(self, tree: Tree, test_command: str) -> TestRun:
-        key = (tree_digest(tree), test_command)
+    def environment(self, tree: Tree, spec: EnvironmentSpec | None) -> SandboxEnvironment | None:
+        """The sandbox environment ``spec`` gives for the repository ``tree`` (built on first use and
+        cached by ``tasks.environment``); None without a spec. A failed build raises
+        ``EnvironmentBuildError``."""
+        if spec is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="opencomposer-env-") as tmp:
+            return prepare_environment(spec, write_tree(tree, Path(tmp) / "repo"), self.sandbox)[0]
+
+    def run(self, tree: Tree, test_command: str, environment: SandboxEnvironment | None = None) -> TestRun:
+        key = (tree_digest(tree), test_command, repr(environment))
         with self._lock:
             if key in self._runs:
                 return self._runs[key]
@@ -129,7 +141,7 @@ class Lab:
             with self._lock:
                 if key in self._runs:
                     return self._runs[key]
-            with Sandbox(None, self.sandbox) as sandbox:
+            with Sandbox(None, self.sandbox, environment=environment) as sandbox:
                 write_tree(tree, sandbox.workspace)
                 result = run_tests(sandbox, test_command, timeout_s=self.config.test_timeout_s,
                                    per_test_timeout_s=self.config.per_test_timeout_s)
@@ -139,14 +151,23 @@ class Lab:
                 self.runs_done += 1
         return result
 
-    def outcome(self, gold_state: Tree, broken_state: Tree, test_command: str) -> Outcome:
-        """Run both states and compare; raises ``Rejected`` when the pair cannot make a task."""
-        gold = self.run(gold_state, test_command)
+    def outcome(self, gold_state: Tree, broken_state: Tree, test_command: str,
+                environment: EnvironmentSpec | None = None) -> Outcome:
+        """Run both states and compare; raises ``Rejected`` when the pair cannot make a task. With an
+        ``environment``, both run in the one built from the broken state (the task's starting
+        repository), as grading will run them; a build that fails rejects the candidate."""
+        from opencomposer.tasks.environment import EnvironmentBuildError
+
+        try:
+            bound = self.environment(broken_state, environment)
+        except EnvironmentBuildError as e:
+            raise Rejected(f"the task environment could not be built: {e}") from e
+        gold = self.run(gold_state, test_command, bound)
         if gold.timed_out:
             raise Rejected(f"the gold state's tests ran past {self.config.test_timeout_s:g} s")
         if not gold.passed:
             raise Rejected(f"no test passes in the gold state (exit {gold.exit_code}): {gold.tail(300)!r}")
-        broken = self.run(broken_state, test_command)
+        broken = self.run(broken_state, test_command, bound)
         if broken.timed_out:
             raise Rejected(f"the broken state's tests ran past {self.config.test_timeout_s:g} s (it hangs)")
         if broken.duration_s > 3 * gold.duration_s + 10:
@@ -192,7 +213,8 @@ def realize(candidate: Candidate, lab: Lab, folder: Path, task_id: str,
     from opencomposer.tasks.validation import check_task
 
     source = candidate.source
-    outcome = lab.outcome(candidate.gold_state(), candidate.broken_state(), source.task_command)
+    outcome = lab.outcome(candidate.gold_state(), candidate.broken_state(), source.task_command,
+                          candidate.environment)
     visible = candidate.visible_tests
     visible = visible(outcome.fail_to_pass) if callable(visible) else visible
     unknown = sorted(set(visible) - set(candidate.grading_tests))
@@ -224,6 +246,7 @@ def realize(candidate: Candidate, lab: Lab, folder: Path, task_id: str,
             gold_patch=gold_patch,
             base=builtin_base(source),
             overwrite=True,
+            environment=candidate.environment,
         )
     try:
         traces = find_traces(task.repo)
