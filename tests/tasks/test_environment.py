@@ -340,3 +340,19 @@ def test_an_episode_works_in_the_task_environment_and_a_failed_build_is_infra(tm
                         environment=EnvironmentSpec(packages=("not-in-the-wheelhouse",), find_links=(str(wheels),)))
     episode = run_episode(broken, ScriptedPolicy(script), config)
     assert episode.status == EpisodeStatus.INFRA_ERROR and "could not be built" in episode.error
+
+
+def test_swebench_instances_load_from_parquet_like_jsonl(tmp_path: Path):
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as parquet
+
+    from opencomposer.tasks.importers import read_instances
+
+    shas = calc_history(tmp_path / "calcpkg")
+    instance = swebench_instance(tmp_path / "calcpkg", shas)
+    parquet.write_table(pyarrow.Table.from_pylist([instance, {**instance, "instance_id": "dev__calcpkg-2"}]),
+                        tmp_path / "instances.parquet")
+    (tmp_path / "instances.jsonl").write_text(json.dumps(instance) + "\n")
+    from_parquet = read_instances(tmp_path / "instances.parquet")
+    assert [i["instance_id"] for i in from_parquet] == ["dev__calcpkg-1", "dev__calcpkg-2"]
+    assert from_parquet[0] == read_instances(tmp_path / "instances.jsonl")[0]
