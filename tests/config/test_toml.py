@@ -76,3 +76,17 @@ def test_written_recipe_loads_from_a_file(tmp_path):
 def test_every_field_is_written():
     written = tomllib.loads(to_toml(Config()))
     assert written == dataclasses.asdict(Config())
+
+
+def test_arrays_of_tables_round_trip(tmp_path):
+    """A phased recipe (``[[pretrain.phases]]``) writes back as arrays of tables and reads back equal."""
+    from pathlib import Path
+
+    from opencomposer.config import load_recipe, to_toml
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "pretrain-phases.toml"
+    config = load_recipe(recipe, [])
+    text = to_toml(config)
+    assert text.count("[[pretrain.phases]]") == len(config.pretrain.phases) >= 2
+    (tmp_path / "r.toml").write_text(text)
+    assert load_recipe(tmp_path / "r.toml", []) == config

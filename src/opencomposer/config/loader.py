@@ -101,19 +101,28 @@ def _unknown_key(cls: type[Section], key: str) -> ConfigError:
 
 
 def to_toml(obj: Any) -> str:
-    """Serialise a config to TOML: one table per section, every field written out."""
+    """Serialise a config to TOML: one table per section, every field written out; a list of
+    sections (``[[pretrain.phases]]``) as an array of tables."""
     lines: list[str] = []
 
-    def emit(table: dict[str, Any], name: str) -> None:
-        values = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        if values:
-            if name:
-                lines.append(f"[{name}]")
+    def is_tables(value: Any) -> bool:
+        return isinstance(value, list) and bool(value) and all(isinstance(item, dict) for item in value)
+
+    def emit(table: dict[str, Any], name: str, header: str | None = None) -> None:
+        values = {k: v for k, v in table.items() if not isinstance(v, dict) and not is_tables(v)}
+        if values or header:
+            if header or name:
+                lines.append(header or f"[{name}]")
             lines.extend(f"{k} = {toml_value(v)}" for k, v in values.items())
             lines.append("")
         for k, v in table.items():
             if isinstance(v, dict):
                 emit(v, f"{name}.{k}" if name else k)
+        for k, v in table.items():
+            if is_tables(v):
+                for item in v:
+                    path = f"{name}.{k}" if name else k
+                    emit(item, path, header=f"[[{path}]]")
 
     emit(dataclasses.asdict(obj), "")
     return "\n".join(lines)

@@ -3,10 +3,117 @@ and ``[sft]`` (``opencomposer.pretrain.sft``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from opencomposer.config.section import ConfigError, Section
 from opencomposer.config.tasks import TaskFamily
+
+PhaseLoss = Literal["lm", "sft", "mtp"]
+"""What a phase can train: ``lm`` next-token loss on the packed code corpus; ``sft`` the
+model-token loss on the oracle's recorded tool episodes; ``mtp`` multi-token prediction by
+self-distillation (RECIPE.md §3), named here so that recipes can be written against it, refused by
+``PhaseConfig.validate`` until it exists (issue 15, part 2; the hook is ``LOSSES`` in ``opencomposer.pretrain.phases``)."""
+
+
+@dataclass
+class PhaseConfig(Section):
+    """One ``[[pretrain.phases]]`` table: a stretch of training at one sequence length with its own
+    budget, learning-rate schedule, data mix and losses (``opencomposer.pretrain.phases``).
+
+    Phases run in the order the recipe lists them; the weights, AdamW's moments and the token count
+    carry over from one to the next. The optimizer's other settings (betas, weight decay, gradient
+    clipping) and the evaluation cadence are the ``[pretrain]`` ones."""
+
+    section = "pretrain.phases"
+
+    name: str = ""
+    """Label in logs, checkpoints and plots; empty: ``phase-N`` (N from 0)."""
+    seq_len: int = 256
+    """Tokens per packed row of the ``lm`` loss."""
+    tokens: int = 0
+    """Token budget of the ``lm`` loss (rows × seq_len per step, rounded up to whole steps); set
+    this or ``steps``, not both."""
+    steps: int = 0
+    """Optimizer steps; set this or ``tokens``."""
+    batch_size: int = 8
+    """Packed rows per step for ``lm``."""
+    lr: float = 3e-3
+    """Peak learning rate of the phase."""
+    warmup_steps: int = 20
+    """Linear warm-up from lr / warmup_steps to lr at the start of the phase."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """After the warm-up: cosine decay to ``lr × min_lr_ratio`` at the phase's end, or constant."""
+    min_lr_ratio: float = 0.1
+    rope_theta: float = 0.0
+    """RoPE base the phase trains with, set as it starts (the model's config and its rotary
+    inverse frequencies); 0 keeps the current one. The long-context extension raises it."""
+    sources: list[str] = field(default_factory=list)
+    """Data mix: the corpus sources (``corpus.sources`` labels) this phase draws rows from, with
+    ``weights``; empty draws from every source in proportion to its tokens."""
+    weights: list[float] = field(default_factory=list)
+    """Relative share of rows per entry of ``sources`` (normalised; need not sum to 1)."""
+    losses: list[PhaseLoss] = field(default_factory=lambda: ["lm"])
+    """Which losses train, summed: ``lm``, ``sft`` (the ``[sft]`` section's demonstrations, loss on
+    model tokens only), ``mtp`` (not yet; see ``PhaseLoss``)."""
+    sft_batch_size: int = 8
+    """Demonstration rows (episode segments) per step for ``sft``."""
+
+    def validate(self) -> None:
+        if "mtp" in self.losses:
+            raise ConfigError(
+                "pretrain.phases.losses: 'mtp' (multi-token prediction by self-distillation, RECIPE.md §3) is "
+                "not implemented yet (issue 15, part 2 adds it to LOSSES in opencomposer.pretrain.phases); use 'lm' "
+                "and/or 'sft'"
+            )
+        if not self.losses or len(set(self.losses)) != len(self.losses):
+            raise ConfigError(f"pretrain.phases.losses: expected one or more distinct losses, got {self.losses}")
+        if (self.tokens > 0) == (self.steps > 0):
+            raise ConfigError(f"pretrain.phases.tokens / pretrain.phases.steps: set exactly one of them to a "
+                              f"positive budget, got tokens = {self.tokens}, steps = {self.steps}")
+        if self.tokens < 0 or self.steps < 0:
+            raise ConfigError("pretrain.phases.tokens and pretrain.phases.steps: must be >= 0")
+        if self.tokens and "lm" not in self.losses:
+            raise ConfigError("pretrain.phases.tokens: a token budget counts lm tokens; a phase without the 'lm' "
+                              "loss sets pretrain.phases.steps")
+        if self.seq_len < 8:
+            raise ConfigError(f"pretrain.phases.seq_len: must be at least 8, got {self.seq_len}")
+        for name in ("batch_size", "sft_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"pretrain.phases.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.warmup_steps < 0:
+            raise ConfigError(f"pretrain.phases.lr must be > 0 and pretrain.phases.warmup_steps >= 0, got "
+                              f"{self.lr} and {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"pretrain.phases.min_lr_ratio: expected a fraction in [0, 1], got {self.min_lr_ratio}")
+        if self.rope_theta < 0:
+            raise ConfigError(f"pretrain.phases.rope_theta: must be > 0 (or 0 to keep the model's), got {self.rope_theta}")
+        if len(self.sources) != len(self.weights):
+            raise ConfigError(f"pretrain.phases.sources and pretrain.phases.weights: one weight per source, got "
+                              f"{len(self.sources)} sources and {len(self.weights)} weights")
+        if len(set(self.sources)) != len(self.sources):
+            raise ConfigError(f"pretrain.phases.sources: a source is listed twice in {self.sources}")
+        if any(w < 0 for w in self.weights) or (self.weights and sum(self.weights) <= 0):
+            raise ConfigError(f"pretrain.phases.weights: expected weights >= 0 with a positive sum, got {self.weights}")
+
+
+def _phase(item: Any, index: int) -> PhaseConfig:
+    """A ``[[pretrain.phases]]`` table (a dict from TOML or an override) as a ``PhaseConfig``; an
+    error names the phase by its index (``pretrain.phases[1].seq_len``)."""
+    if isinstance(item, PhaseConfig):
+        return item
+    if not isinstance(item, dict):
+        raise ConfigError(f"pretrain.phases[{index}]: expected a table ([[pretrain.phases]]), got {item!r}")
+    names = [f.name for f in dataclasses.fields(PhaseConfig)]
+    unknown = sorted(set(item) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown key pretrain.phases[{index}].{unknown[0]}; valid keys in [[pretrain.phases]]: "
+                          + ", ".join(sorted(names)))
+    try:
+        return PhaseConfig(**item)
+    except ConfigError as error:
+        raise ConfigError(str(error).replace("pretrain.phases.", f"pretrain.phases[{index}].")) from None
 
 
 @dataclass
@@ -32,8 +139,39 @@ class PretrainConfig(Section):
         default_factory=lambda: ["def ", "import os\n", "class Config:\n    def __init__(self"]
     )
     """Prompts whose greedy completions are printed at the end."""
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """``[[pretrain.phases]]``: run these in order (``opencomposer.pretrain.phases``), e.g. a main
+    phase, a long-context extension, an SFT phase. Empty: one phase with the fields above
+    (``seq_len``, ``max_steps``, ``lr``, ...), as before phases existed. With phases, ``seq_len``,
+    ``batch_size``, ``max_steps``, ``max_minutes``, ``lr``, ``min_lr_ratio`` and ``warmup_steps`` of
+    this table are unused (each phase has its own); the rest apply to every phase."""
+    checkpoint_every: int = 0
+    """With phases: also checkpoint every N steps inside a phase (0: only at the end of each
+    phase); a rerun resumes from the newest checkpoint."""
+    dedup: bool = True
+    """With phases: drop exact and near-duplicate files from the corpus before splitting it
+    (``model.corpus.deduplicate``). Without phases the corpus is the one it always was."""
+    near_duplicate_threshold: float = 0.8
+    """Estimated Jaccard similarity (MinHash over 5-word shingles) from which two files count as
+    near-duplicates; 1.0 keeps near-duplicates and drops exact copies only."""
+    heldout_by: Literal["project", "file"] = "project"
+    """With phases: hold out whole source projects (a top-level package or module; no file of a
+    held-out project is trained on) or, as without phases, single files."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.phases, list):
+            self.phases = [_phase(item, i) for i, item in enumerate(self.phases)]
+        super().__post_init__()
 
     def validate(self) -> None:
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"pretrain.checkpoint_every: must be >= 0, got {self.checkpoint_every}")
+        if not 0.0 < self.near_duplicate_threshold <= 1.0:
+            raise ConfigError(f"pretrain.near_duplicate_threshold: expected a similarity in (0, 1], got "
+                              f"{self.near_duplicate_threshold}")
+        names = [phase.name or f"phase-{i}" for i, phase in enumerate(self.phases)]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"pretrain.phases: phase names must differ, got {names}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"pretrain.betas: expected two numbers in [0, 1), got {self.betas}")
         if self.seq_len < 8:

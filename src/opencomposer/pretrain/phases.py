@@ -1,0 +1,772 @@
+"""Phased continued pretraining (RECIPE.md §3): ``[[pretrain.phases]]`` run in order by one command.
+
+The report trains in three phases: most compute at one sequence length, a shorter long-context
+extension at a multiple of it, and a short SFT phase on coding tasks. A recipe lists its phases
+(``config.pretrain.PhaseConfig``: sequence length, token or step budget, learning-rate schedule,
+data mix by corpus source, losses, RoPE base) and ``run_phases`` runs them one after the other on
+one model and one AdamW (its moments carry over; each phase sets its own learning rate).
+
+**Data.** The corpus is deduplicated (exact and near-duplicate files) and split by project
+(``model.corpus``; ``pretrain.dedup``, ``pretrain.heldout_by``). Rows are packed from whole
+documents, each opened by ``<|endoftext|>``, with **no attention across documents**: the position
+ids restart at 0 at every document start (and at every row start, for a document continued from
+the previous row), which transformers' attention turns into a block-diagonal causal mask (its
+packed-sequence path, taken when the forward has position ids, no attention mask and no cache;
+``tests/pretrain/test_phases.py`` checks that a packed document's logits equal those of the
+document alone). Every target is predictable from its own document: the separator opening a
+document predicts its first token, a document's last token predicts the next separator (the end
+of the file). Each row is drawn from one source, chosen by the phase's weights with a seeded
+generator; the tokens trained per source are reported in ``mix.json``.
+
+**Losses.** ``LOSSES`` maps a name of ``PhaseConfig.losses`` to the function that computes it on
+a step; a phase sums those it lists. ``lm``: next-token cross-entropy on the packed rows (plus the
+MoE load-balancing term). ``sft``: cross-entropy on the model-written tokens of the oracle's tool
+episodes (``pretrain.sft.record_demonstrations`` on the ``[sft]`` section's tasks, in the real
+harness; prompts and tool outputs are context only). ``mtp`` (multi-token prediction by
+self-distillation) is refused by the config until issue 15 part 2 adds its entry here.
+
+**Long context.** A phase with ``rope_theta`` sets the RoPE base as it starts: the model config's
+``rope_parameters`` and every rotary embedding's inverse frequencies, recomputed by its own class
+(``set_rope_theta``). Raising the base ("adjusted base frequency", as in Code Llama and Llama 3's
+long-context stages) slows every rotation, so the relative angles at the new lengths stay within
+the range the model has learned to read; it is one number in ``config.json``, so a checkpoint
+loads with it and inference needs nothing special, and it trains the same attention at every
+length (position interpolation squeezes the short-range angles the model relies on, and YaRN's
+per-band ramp and attention temperature add settings a tiny model cannot justify).
+Each evaluation also scores held-out loss at positions past the first phase's length and a
+long-range retrieval probe (``retrieval_probe``).
+
+**Checkpoints.** ``{run}/checkpoints/step-NNNNNNN/`` (global step) holds ``model/``, ``trainer.pt``
+(AdamW state, torch RNG) and ``state.json`` (phase, step in it, tokens, the phase plan). One is
+written at the end of every phase (kept) and every ``pretrain.checkpoint_every`` steps inside one
+(only the newest kept), atomically. A rerun of the same recipe resumes from the newest: the model,
+optimizer and counters come back, and the data streams are replayed to the same position (the
+batches are regenerated from the seeded order and skipped, not trained), so the resumed run sees
+exactly the batches the uninterrupted run would have (``data_crc`` in the metrics shows it).
+``metrics.jsonl`` is cut back to the checkpoint's step.
+
+The run folder also gets ``recipe.toml``, ``corpus.json`` (mix by source, dropped duplicates),
+``mix.json`` (tokens trained per phase and source), ``heldout.png`` (held-out codebase loss
+against tokens, log axis, with a log-linear fit), ``loss.png`` and the final ``checkpoint/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from opencomposer.config import Config, ConfigError, to_toml
+from opencomposer.config.pretrain import PhaseConfig
+from opencomposer.io import atomic_directory, atomic_write_text, discard
+from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
+from opencomposer.training.metrics import MetricsLog
+from opencomposer.training.optim import build_optimizer
+from opencomposer.training.progress import ProgressBar
+from opencomposer.training.schedule import warmup_cosine_lr
+
+CHECKPOINTS = "checkpoints"
+PREFIX = "step-"
+PROBE_WORDS = ("amber", "basil", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+               "kelp", "lotus", "maple", "nickel", "onyx", "pepper", "quartz", "raven", "saffron", "tundra",
+               "umber", "violet", "walnut", "yarrow", "zephyr")
+
+
+# --------------------------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase as it runs: its config, its resolved step budget and its place in the run."""
+
+    index: int
+    name: str
+    config: PhaseConfig
+    steps: int
+    first_step: int  # global step count before this phase
+
+    @property
+    def lm(self) -> bool:
+        return "lm" in self.config.losses
+
+
+def plan_phases(phases: list[PhaseConfig]) -> list[Phase]:
+    """Resolve names and budgets: ``steps``, or ``tokens`` as whole steps of ``batch_size × seq_len``."""
+    plan, first = [], 0
+    for i, phase in enumerate(phases):
+        steps = phase.steps or math.ceil(phase.tokens / (phase.batch_size * phase.seq_len))
+        plan.append(Phase(i, phase.name or f"phase-{i}", phase, steps, first))
+        first += steps
+    return plan
+
+
+def phase_lr(phase: Phase, step: int) -> float:
+    """The learning rate at 0-based ``step`` of ``phase``: warm-up, then cosine to the floor or constant."""
+    c = phase.config
+    floor = 1.0 if c.schedule == "constant" else c.min_lr_ratio
+    return warmup_cosine_lr(step, peak_lr=c.lr, warmup_steps=c.warmup_steps, total_steps=phase.steps,
+                            min_lr_ratio=floor)
+
+
+def recipe_toml(config: Config) -> str:
+    """``config`` as TOML, its phases as ``[[pretrain.phases]]`` tables; ``load_recipe`` reads it
+    back to an equal config."""
+    return to_toml(config) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ packing
+
+
+def documents(files: list[CodeFile], tokenizer: Any, batch_files: int = 32) -> Iterator[list[int]]:
+    """Token ids of each file in order (tokenised in batches)."""
+    for start in range(0, len(files), batch_files):
+        yield from tokenizer([f.text for f in files[start : start + batch_files]], add_special_tokens=False)["input_ids"]
+
+
+def pack_documents(docs: Iterator[list[int]], separator: int, seq_len: int) -> Iterator[tuple[list[int], list[int]]]:
+    """Rows of ``seq_len + 1`` token ids and their position ids. Each document is ``[separator,
+    *ids]``; positions count from 0 at every document start and at every row start, so a forward
+    with these position ids attends within documents only (module doc)."""
+    window = seq_len + 1
+    ids: list[int] = []
+    positions: list[int] = []
+    for doc in docs:
+        doc = [separator, *doc]
+        while doc:
+            take = doc[: window - len(ids)]
+            doc = doc[len(take):]
+            positions += range(len(take))
+            ids += take
+            if len(ids) == window:
+                yield ids, positions
+                ids, positions = [], []
+
+
+def _seed(*parts: Any) -> list[int]:
+    return [zlib.crc32(str(part).encode()) for part in parts]
+
+
+def source_rows(files: list[CodeFile], tokenizer: Any, separator: int, seq_len: int, seed: list[int]
+                ) -> Iterator[tuple[list[int], list[int]]]:
+    """Endless packed rows of ``files``, each epoch in a fresh seeded order."""
+    epoch = 0
+    while True:
+        order = np.random.default_rng([*seed, epoch]).permutation(len(files))
+        yield from pack_documents(documents([files[i] for i in order], tokenizer), separator, seq_len)
+        epoch += 1
+
+
+class MixedBatches:
+    """``[batch, seq_len + 1]`` ids and positions, each row from one source drawn by weight.
+
+    Deterministic in (seed, phase): the source of every row comes from one seeded generator, and
+    each source's rows from its own seeded file order, so ``skip(n)`` followed by ``next()`` gives
+    what the n+1-th ``next()`` of a fresh instance gives (resume)."""
+
+    def __init__(self, files: list[CodeFile], phase: Phase, tokenizer: Any, separator: int, seed: int):
+        c = phase.config
+        by_source: dict[str, list[CodeFile]] = {}
+        for f in files:
+            by_source.setdefault(f.source, []).append(f)
+        if c.sources:
+            missing = [s for s in c.sources if s not in by_source]
+            if missing:
+                raise ConfigError(f"pretrain.phases[{phase.index}].sources: {missing} has no training files; the "
+                                  f"corpus has {sorted(by_source)}")
+            self.sources = list(c.sources)
+            weights = np.array(c.weights, dtype=float)
+        else:  # the natural mix: every source in proportion to its text
+            self.sources = sorted(by_source)
+            weights = np.array([sum(len(f.text) for f in by_source[s]) for s in self.sources], dtype=float)
+        self.weights = weights / weights.sum()
+        self.batch_size = c.batch_size
+        self.rng = np.random.default_rng(_seed(seed, "mix", phase.index))
+        self.streams = {s: source_rows(by_source[s], tokenizer, separator, c.seq_len, _seed(seed, s, phase.index))
+                        for s in self.sources}
+        self.tokens = dict.fromkeys(self.sources, 0)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen = self.rng.choice(len(self.sources), size=self.batch_size, p=self.weights)
+        rows = [next(self.streams[self.sources[i]]) for i in chosen]
+        for i, (ids, _) in zip(chosen, rows, strict=True):
+            self.tokens[self.sources[i]] += len(ids) - 1
+        return torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+
+    def skip(self, batches: int) -> None:
+        for _ in range(batches):
+            self.next()
+
+
+def fixed_batches(files: list[CodeFile], tokenizer: Any, separator: int, seq_len: int, batch_size: int,
+                  count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``count`` packed batches of ``files`` in order (held-out evaluation sets)."""
+    rows = pack_documents(documents(files, tokenizer), separator, seq_len)
+    batches = []
+    while len(batches) < count:
+        chunk = [row for _, row in zip(range(batch_size), rows, strict=False)]
+        if len(chunk) < batch_size:
+            break
+        batches.append((torch.tensor([r[0] for r in chunk]), torch.tensor([r[1] for r in chunk])))
+    return batches
+
+
+# ------------------------------------------------------------------------------------------- losses
+
+
+def packed_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, router_logits: bool = False):
+    """The forward on packed rows: inputs ``ids[:, :-1]`` at their position ids, no cache (the
+    document mask needs it off; module doc)."""
+    extra = {"output_router_logits": True} if router_logits else {}
+    return model(input_ids=ids[:, :-1], position_ids=positions[:, :-1], use_cache=False, **extra)
+
+
+def token_losses(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every target of packed rows, ``[B, T]``."""
+    logits = packed_forward(model, ids, positions).logits.float()
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+
+
+@dataclass
+class StepData:
+    """What a step's losses read: the packed lm batch and/or the demonstration batch."""
+
+    ids: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    demos: Any = None  # a training.packing TrainBatch
+
+
+def lm_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean next-token cross-entropy over the packed rows, plus the MoE load-balancing term."""
+    aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
+    out = packed_forward(model, data.ids, data.positions, router_logits=aux_coef > 0)
+    logits = out.logits.float()
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.ids[:, 1:].reshape(-1))
+    metrics = {"lm_loss": ce.item()}
+    loss = ce
+    if aux_coef > 0 and getattr(out, "aux_loss", None) is not None:
+        loss = loss + aux_coef * out.aux_loss
+        metrics["aux_loss"] = out.aux_loss.item()
+    return loss, metrics
+
+
+def sft_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean cross-entropy over the model-written tokens of the demonstration batch (the SFT loss)."""
+    from opencomposer.training.forward import token_logprobs
+
+    logprobs, _ = token_logprobs(model, data.demos, with_entropy=False)
+    mask = data.demos.loss_mask.to(logprobs.device)
+    loss = -torch.where(mask, logprobs, 0.0).sum() / mask.sum()
+    return loss, {"sft_loss": loss.item(), "sft_tokens": int(mask.sum())}
+
+
+LOSSES: dict[str, Callable[[torch.nn.Module, StepData], tuple[torch.Tensor, dict[str, float]]]] = {
+    "lm": lm_step_loss,
+    "sft": sft_step_loss,
+    # "mtp": issue 15 part 2 adds the self-distillation loss of the MTP layers here (RECIPE.md §3),
+    # and lifts the refusal in config.pretrain.PhaseConfig.validate.
+}
+
+
+class DemonstrationBatches:
+    """Seeded epochs over the rows of recorded episodes, ``batch_size`` rows a step (as
+    ``pretrain.sft.sft`` draws them); ``skip`` replays the draws for a resume."""
+
+    def __init__(self, episodes: list, tokenizer: Any, batch_size: int, seed: int, phase_index: int):
+        from opencomposer.training.packing import episode_rows
+
+        self.rows = episode_rows(episodes)
+        if not self.rows:
+            raise ValueError("sft phase: the demonstrations hold no model tokens")
+        self.pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng(_seed(seed, "sft", phase_index))
+        self.order: list[int] = []
+
+    def _chosen(self) -> list:
+        while len(self.order) < self.batch_size:
+            self.order += self.rng.permutation(len(self.rows)).tolist()
+        chosen, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
+        return [self.rows[i] for i in chosen]
+
+    def next(self):
+        from opencomposer.training.packing import collate
+
+        return collate(self._chosen(), self.pad)
+
+    def skip(self, batches: int) -> None:
+        for _ in range(batches):
+            self._chosen()
+
+
+# ------------------------------------------------------------------------------------------- model
+
+
+def set_rope_theta(model: torch.nn.Module, theta: float) -> None:
+    """Train (and save) ``model`` with RoPE base ``theta``: set it in the config and recompute the
+    inverse frequencies of every rotary embedding module with its own class, so the model family's
+    rule (which head dimensions rotate, any scaling) is kept. The buffers are not in the checkpoint;
+    ``config.json`` carries the base, so a saved model loads with it."""
+    config = model.config
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if not params:
+        raise ValueError(f"{type(model).__name__}: the config has no rope_parameters to set rope_theta in")
+    params["rope_theta"] = float(theta)
+    config.rope_parameters = params
+    if hasattr(config, "rope_theta"):
+        config.rope_theta = float(theta)
+    found = 0
+    for module in model.modules():
+        if hasattr(module, "inv_freq") and hasattr(module, "original_inv_freq"):
+            fresh = type(module)(config=config)
+            device = module.inv_freq.device
+            module.inv_freq = fresh.inv_freq.to(device)
+            module.original_inv_freq = fresh.original_inv_freq.to(device)
+            module.attention_scaling = fresh.attention_scaling
+            found += 1
+    if not found:
+        raise ValueError(f"{type(model).__name__}: no rotary embedding module found to set rope_theta in")
+
+
+def rope_theta(model: torch.nn.Module) -> float:
+    return float((getattr(model.config, "rope_parameters", None) or {}).get("rope_theta", 0.0))
+
+
+# -------------------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], beyond: int = 0
+                 ) -> dict[str, float]:
+    """Mean held-out cross-entropy; with ``beyond``, also at targets whose input position is below
+    it (``near``) and at or past it (``far``), the positions a shorter phase never trained."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    losses, positions = [], []
+    for ids, pos in batches:
+        losses.append(token_losses(model, ids.to(device), pos.to(device)).cpu())
+        positions.append(pos[:, :-1])
+    model.train(was_training)
+    loss, pos = torch.cat(losses), torch.cat(positions)
+    out = {"loss": float(loss.mean())}
+    if beyond:
+        far = pos >= beyond
+        out["near"] = float(loss[~far].mean()) if (~far).any() else float("nan")
+        out["far"] = float(loss[far].mean()) if far.any() else float("nan")
+        out["far_tokens"] = int(far.sum())
+    return out
+
+
+def probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, count: int, seed: int = 0
+                    ) -> list[tuple[list[int], int, int]]:
+    """``count`` long-range retrieval probes of ``length`` tokens: (ids, start of the answer,
+    distance). A probe is a file that assigns a random value to a fresh name in its first line,
+    ``probe_name_K = "maple_onyx"``, continues with held-out code, and ends with ``assert
+    probe_name_K == "``: the model should complete the value, which only the first line tells.
+    Built in token space, so the answer's tokens are exactly those planted."""
+    from opencomposer.model.tokenizer import document_separator_id
+
+    def tok(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    rng = np.random.default_rng(_seed(seed, "probe", length))
+    code: list[int] = []
+    for doc in documents(filler, tokenizer):  # enough held-out code for every probe, no more
+        code += doc
+        if len(code) >= length * count:
+            break
+    if not code:
+        raise ValueError("retrieval probe: no held-out code to fill the probes with")
+    probes = []
+    for k in range(count):
+        name = f"probe_name_{k}"
+        value = tok("_".join(rng.choice(PROBE_WORDS, size=2, replace=False)))
+        head = [document_separator_id(tokenizer), *tok(f'{name} = "'), *value, *tok('"\n')]
+        tail = tok(f'\nassert {name} == "')
+        room = length - len(head) - len(tail) - len(value) + 1  # inputs: everything but the last answer token
+        if room < 0:
+            raise ValueError(f"retrieval probe: {length} tokens cannot hold a probe")
+        start = int(rng.integers(0, max(1, len(code) - room)))
+        filler_ids = (code * (1 + room // len(code)))[start : start + room]
+        ids = head + filler_ids + tail + value
+        probes.append((ids, len(head) + len(filler_ids) + len(tail), len(filler_ids) + len(tail) + 1))
+    return probes
+
+
+@torch.no_grad()
+def retrieval_probe(model: torch.nn.Module, probes: list[tuple[list[int], int, int]]) -> dict[str, float]:
+    """Score probes: ``accuracy`` (the greedy completion is the planted value, every token of it:
+    with the true prefix fed in, greedy decoding reproduces the value exactly when each of its
+    tokens is the argmax), ``first_token`` (the value's first token is the argmax) and
+    ``logprob`` (mean log-probability of the value's tokens)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    exact, first, logprob = [], [], []
+    for ids, answer, _ in probes:
+        tensor = torch.tensor([ids], device=device)
+        logits = model(input_ids=tensor[:, :-1], position_ids=torch.arange(len(ids) - 1, device=device)[None],
+                       use_cache=False).logits[0, answer - 1 :].float()
+        target = tensor[0, answer:]
+        exact.append(bool((logits.argmax(-1) == target).all()))
+        first.append(bool(logits[0].argmax() == target[0]))
+        logprob.append(float(torch.log_softmax(logits, -1).gather(-1, target[:, None]).mean()))
+    model.train(was_training)
+    return {"accuracy": float(np.mean(exact)), "first_token": float(np.mean(first)), "logprob": float(np.mean(logprob)),
+            "distance": float(np.mean([d for _, _, d in probes]))}
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    folder = run_dir / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").is_file())
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run folder, or None."""
+    found = _checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def save_phase_checkpoint(run_dir: Path, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
+                          state: dict[str, Any]) -> Path:
+    """Write ``checkpoints/step-NNNNNNN`` atomically, then drop older mid-phase checkpoints (those
+    that end a phase stay)."""
+    from opencomposer.model.loading import save_checkpoint
+
+    def write(folder: Path) -> None:
+        save_checkpoint(model, tokenizer, folder / "model")
+        torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, folder / "trainer.pt")
+        (folder / "state.json").write_text(json.dumps(state, indent=1))
+
+    (run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+    for stale in (run_dir / CHECKPOINTS).glob(f".{PREFIX}*.tmp*"):  # left by a kill mid-write
+        discard(stale)
+    path = atomic_directory(run_dir / CHECKPOINTS / f"{PREFIX}{state['global_step']:07d}", write)
+    for old in _checkpoints(run_dir):
+        if old != path and not json.loads((old / "state.json").read_text()).get("phase_end"):
+            discard(old)
+    return path
+
+
+# -------------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class PhaseSummary:
+    name: str
+    seq_len: int
+    steps: int
+    tokens: int  # lm tokens trained in this phase
+    first_loss: float = float("nan")
+    last_loss: float = float("nan")
+    evals: list[dict[str, float]] = field(default_factory=list)  # every evaluation row of the phase
+
+
+@dataclass
+class PhasedResult:
+    steps: int
+    tokens: int
+    seconds: float
+    phases: list[PhaseSummary]
+    history: list[dict] = field(default_factory=list)  # every logged row, this process's only
+    resumed_from: Path | None = None
+    checkpoint: Path | None = None
+
+
+def _plan_state(plan: list[Phase]) -> list[dict[str, Any]]:
+    return [{"name": p.name, "steps": p.steps, **dataclasses.asdict(p.config)} for p in plan]
+
+
+def _build_model(config: Config, tokenizer: Any, device: torch.device, checkpoint: Path | None):
+    from opencomposer.model.loading import TINY_KINDS, default_tokenizer, load_model
+    from opencomposer.model.tokenizer import load_tokenizer
+
+    if checkpoint is not None:
+        spec = dataclasses.replace(config.model, kind="hf", path=str(checkpoint / "model"))
+        return load_model(spec, seed=config.run.seed, device=device)
+    if config.model.kind in TINY_KINDS and not config.model.path:
+        if tokenizer is None:
+            tokenizer = (load_tokenizer(config.model.tokenizer_path) if config.model.tokenizer_path
+                         else default_tokenizer(config.corpus, config.tokenizer, config.run.seed))
+        return load_model(config.model, tokenizer, seed=config.run.seed, device=device)
+    return load_model(config.model, seed=config.run.seed, device=device)
+
+
+def _check_recipe(config: Config, corpus: Corpus) -> None:
+    """Refuse, before any training, what would only fail in a later phase."""
+    sources = {f.source for f in corpus.train}
+    for i, phase in enumerate(config.pretrain.phases):
+        missing = [s for s in phase.sources if s not in sources]
+        if missing:
+            raise ConfigError(f"pretrain.phases[{i}].sources: {missing} has no training files; the corpus has "
+                              f"{sorted(sources)} (corpus.sources)")
+        if "sft" in phase.losses and not (config.sft.task_family or config.sft.tasks):
+            raise ConfigError(f"pretrain.phases[{i}].losses: 'sft' trains on demonstrations of the [sft] tasks; set "
+                              'sft.task_family (e.g. "tiny-composed") or sft.tasks')
+
+
+def _demonstrations(config: Config, tokenizer: Any) -> list:
+    """The oracle's episodes on the ``[sft]`` section's tasks, recorded in the real harness."""
+    import tempfile
+
+    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations
+
+    with tempfile.TemporaryDirectory(prefix="opencomposer-phase-sft-") as scratch:
+        tasks = demonstration_tasks(config, Path(scratch) / "tasks")
+        return record_demonstrations(tasks, tokenizer, config)
+
+
+def run_phases(
+    config: Config,
+    corpus: Corpus | None = None,
+    tokenizer: Any = None,
+    *,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+    probes: int = 16,
+) -> tuple[torch.nn.Module, Any, PhasedResult]:
+    """Run (or resume) every phase of ``config.pretrain.phases`` under ``config.run.path``; see the
+    module doc. ``on_step(global_step)`` is called after each step and its checkpoint (a test
+    interrupts a run from it). ``probes``: retrieval probes per evaluation when phases differ in
+    length (0: none)."""
+    from opencomposer.model.device import resolve_device
+    from opencomposer.model.tokenizer import document_separator_id
+    from opencomposer.numerics.convert import convert_model
+
+    pc = config.pretrain
+    if not pc.phases:
+        raise ConfigError("pretrain.phases: empty; run_pretraining (pretrain.cpt) trains a recipe without phases")
+    plan = plan_phases(pc.phases)
+    device = resolve_device(config.run.device)
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    run_dir = config.run.path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "recipe.toml", recipe_toml(config))
+    corpus = corpus or build_corpus(config.corpus, seed=config.run.seed, dedup=pc.dedup,
+                                    near_duplicate_threshold=pc.near_duplicate_threshold, heldout_by=pc.heldout_by)
+    _check_recipe(config, corpus)
+    report = {"mix": corpus.mix(), "dropped": corpus.dropped, "train_files": len(corpus.train),
+              "heldout_files": len(corpus.heldout), "heldout_by": pc.heldout_by}
+    atomic_write_text(run_dir / "corpus.json", json.dumps(report, indent=1) + "\n")
+    if progress:
+        print_corpus(report)
+
+    checkpoint = latest_checkpoint(run_dir)
+    state: dict[str, Any] = {"phase": 0, "step": 0, "global_step": 0, "tokens": 0, "mix": {}}
+    if checkpoint is not None:
+        state = json.loads((checkpoint / "state.json").read_text())
+        if state["plan"] != _plan_state(plan):
+            raise ConfigError(f"cannot resume {checkpoint}: its [[pretrain.phases]] differ from the recipe's; restore "
+                              f"the recipe or start a fresh run folder (run.name)")
+    model, tokenizer = _build_model(config, tokenizer, device, checkpoint)
+    convert_model(model, config.numerics)
+    optimizer = build_optimizer(model, lr=plan[0].config.lr, betas=tuple(pc.betas), weight_decay=pc.weight_decay)
+    if checkpoint is not None:
+        saved = torch.load(checkpoint / "trainer.pt", weights_only=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["torch_rng"])
+        if progress:
+            print(f"resuming {checkpoint.name}: phase {plan[state['phase']].name}, step {state['step']}")
+    else:
+        torch.manual_seed(config.run.seed)
+    if state["step"] == plan[state["phase"]].steps:  # the checkpoint ends a phase: start the next
+        state = {**state, "phase": state["phase"] + 1, "step": 0}
+
+    separator = document_separator_id(tokenizer)
+    base_len = plan[0].config.seq_len
+    long_len = max(p.config.seq_len for p in plan if p.lm) if any(p.lm for p in plan) else base_len
+    eval_sets: dict[int, list] = {}
+    long_eval = fixed_batches(corpus.heldout, tokenizer, separator, long_len, max(1, pc.batch_size // 2),
+                              pc.eval_batches) if long_len > base_len and pc.eval_batches else []
+    probe_sets: dict[str, list] = {}  # the probe at the longest length, and one within the first phase's
+    if long_len > base_len and probes:
+        filler = corpus.heldout or corpus.train
+        probe_sets["probe_long"] = probe_documents(tokenizer, filler, long_len, probes, config.run.seed)
+        with contextlib.suppress(ValueError):  # a first phase too short to hold a probe has no short one
+            probe_sets["probe_short"] = probe_documents(tokenizer, filler, base_len, probes, config.run.seed)
+    demos = None
+    result = PhasedResult(steps=state["global_step"], tokens=state["tokens"], seconds=0.0, phases=[],
+                          resumed_from=checkpoint)
+    start = time.perf_counter()
+    mix: dict[str, dict[str, int]] = state.get("mix", {})
+
+    with MetricsLog(run_dir, resume_step=state["global_step"] if checkpoint is not None else None) as log:
+
+        def evaluate(phase: Phase, global_step: int, when: str) -> dict[str, float]:
+            row: dict[str, float] = {"tokens": result.tokens, "phase": phase.index}
+            if phase.lm and pc.eval_batches:
+                if phase.config.seq_len not in eval_sets:
+                    eval_sets[phase.config.seq_len] = fixed_batches(corpus.heldout, tokenizer, separator,
+                                                                    phase.config.seq_len, phase.config.batch_size,
+                                                                    pc.eval_batches)
+                if eval_sets[phase.config.seq_len]:
+                    row["heldout_loss"] = heldout_loss(model, eval_sets[phase.config.seq_len])["loss"]
+            if long_eval:
+                scores = heldout_loss(model, long_eval, beyond=base_len)
+                row.update(heldout_long_loss=scores["loss"], heldout_near_loss=scores["near"],
+                           heldout_far_loss=scores["far"])
+            for label, subset in probe_sets.items():
+                for key, value in retrieval_probe(model, subset).items():
+                    row[f"{label}_{key}"] = value
+            log.log(global_step, "eval", row)
+            result.history.append({"step": global_step, "kind": "eval", "when": when, **row})
+            return row
+
+        for phase in plan[state["phase"]:]:
+            c = phase.config
+            first = state["step"] if phase.index == state["phase"] else 0
+            summary = PhaseSummary(phase.name, c.seq_len, phase.steps, 0)
+            result.phases.append(summary)
+            if c.rope_theta and rope_theta(model) != c.rope_theta:
+                set_rope_theta(model, c.rope_theta)
+            if c.seq_len > getattr(model.config, "max_position_embeddings", c.seq_len):
+                model.config.max_position_embeddings = c.seq_len
+            batches = MixedBatches(corpus.train, phase, tokenizer, separator, config.run.seed) if phase.lm else None
+            demo_batches = None
+            if "sft" in c.losses:
+                demos = demos if demos is not None else _demonstrations(config, tokenizer)
+                demo_batches = DemonstrationBatches(demos, tokenizer, c.sft_batch_size, config.run.seed, phase.index)
+            for stream in (batches, demo_batches):  # replay the draws up to the checkpoint (and its token counts)
+                if stream is not None:
+                    stream.skip(first)
+            if first == 0:
+                summary.evals.append(evaluate(phase, phase.first_step, "start"))
+            model.train()
+            with ProgressBar(phase.name, phase.steps, status="loss {loss:.3f}", completed=first, enabled=progress,
+                             every=pc.log_every) as bar:
+                for step in range(first, phase.steps):
+                    global_step = phase.first_step + step + 1
+                    data = StepData()
+                    crc = 0
+                    if batches is not None:
+                        ids, positions = batches.next()
+                        data.ids, data.positions = ids.to(device), positions.to(device)
+                        crc = zlib.crc32(ids.numpy().tobytes())
+                    if demo_batches is not None:
+                        from opencomposer.training.forward import batch_to
+
+                        data.demos = batch_to(demo_batches.next(), device)
+                        crc = zlib.crc32(data.demos.input_ids.cpu().numpy().tobytes(), crc)
+                    lr = phase_lr(phase, step)
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                    loss = torch.zeros((), device=device)
+                    metrics: dict[str, float] = {}
+                    for name in c.losses:
+                        term, values = LOSSES[name](model, data)
+                        loss = loss + term
+                        metrics.update(values)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), pc.grad_clip).item()
+                    optimizer.step()
+                    if batches is not None:
+                        result.tokens += data.ids[:, 1:].numel()
+                        summary.tokens += data.ids[:, 1:].numel()
+                        mix[phase.name] = dict(batches.tokens)
+                    result.steps = global_step
+                    row = {"loss": loss.item(), **metrics, "lr": lr, "grad_norm": grad_norm, "tokens": result.tokens,
+                           "phase": phase.index, "phase_step": step + 1, "data_crc": crc % 2**24,
+                           "seconds": time.perf_counter() - start}
+                    if math.isnan(summary.first_loss):
+                        summary.first_loss = row["loss"]
+                    summary.last_loss = row["loss"]
+                    log.log(global_step, "train", row)
+                    result.history.append({"step": global_step, "kind": "train", **row})
+                    last = step + 1 == phase.steps
+                    if last or (step + 1) % pc.eval_every == 0:
+                        summary.evals.append(evaluate(phase, global_step, "end" if last else "during"))
+                    if last or (pc.checkpoint_every and (step + 1) % pc.checkpoint_every == 0):
+                        log.sync()
+                        save_phase_checkpoint(run_dir, model, tokenizer, optimizer, {
+                            "phase": phase.index, "phase_name": phase.name, "step": step + 1,
+                            "global_step": global_step, "tokens": result.tokens, "phase_end": last,
+                            "mix": mix, "plan": _plan_state(plan)})
+                    bar.update(step + 1, loss=row["loss"])
+                    if on_step is not None:
+                        on_step(global_step)
+    result.seconds = time.perf_counter() - start
+    atomic_write_text(run_dir / "mix.json", json.dumps(mix, indent=1) + "\n")
+    from opencomposer.model.loading import save_checkpoint
+
+    result.checkpoint = atomic_directory(run_dir / "checkpoint", lambda folder: save_checkpoint(model, tokenizer, folder))
+    from opencomposer.training.metrics import read_metrics
+
+    rows = read_metrics(run_dir)  # the whole run's rows, those before a resume included
+    plot_heldout(rows, run_dir / "heldout.png", [p.first_step for p in plan[1:]])
+    from opencomposer.pretrain.cpt import plot_loss
+
+    plot_loss([{"step": r["step"], **r} for r in rows if r["kind"] == "train"] +
+              [{"step": r["step"], "heldout_loss": r["heldout_loss"]} for r in rows
+               if r["kind"] == "eval" and "heldout_loss" in r], run_dir / "loss.png", "phased pretraining loss")
+    model.eval()
+    return model, tokenizer, result
+
+
+def print_corpus(report: dict[str, Any]) -> None:
+    """The corpus by source: files and bytes in training, files held out, duplicates dropped."""
+    dropped = report["dropped"]
+    print(f"corpus: {report['train_files']} training files, {report['heldout_files']} held out "
+          f"(by {report['heldout_by']}); duplicates dropped: {dropped.get('exact', 0)} exact, {dropped.get('near', 0)} near")
+    total = sum(row["train_bytes"] for row in report["mix"].values()) or 1
+    for source, row in sorted(report["mix"].items()):
+        print(f"  {source}: {row['train_files']} files ({row['train_projects']} projects), "
+              f"{row['train_bytes'] / 1e6:.1f} MB = {row['train_bytes'] / total:.0%} of training bytes; "
+              f"held out {row['heldout_files']} files ({row['heldout_projects']} projects)")
+
+
+def loglinear_fit(tokens: list[float], losses: list[float]) -> tuple[float, float]:
+    """Least-squares ``loss ≈ a + b · log10(tokens)``: (a, b); b < 0 when the loss falls."""
+    b, a = np.polyfit(np.log10(tokens), losses, 1)
+    return float(a), float(b)
+
+
+def plot_heldout(rows: list[dict], path: Path, boundaries: list[int]) -> Path | None:
+    """Held-out codebase loss against tokens trained on a log axis, phase starts marked, with the
+    log-linear fit over the evaluations after the first (RECIPE.md §3: it falls log-linearly)."""
+    points = [(r["tokens"], r["heldout_loss"], r["step"]) for r in rows
+              if r.get("kind") == "eval" and "heldout_loss" in r and r.get("tokens", 0) > 0]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    tokens, losses, steps = zip(*points, strict=True)
+    ax.plot(tokens, losses, "o-", label="held-out codebase loss")
+    if len(points) >= 3:
+        a, b = loglinear_fit(list(tokens), list(losses))
+        grid = np.geomspace(min(tokens), max(tokens), 50)
+        ax.plot(grid, a + b * np.log10(grid), "--", color="gray", label=f"fit: {a:.2f} {b:+.2f}·log10(tokens)")
+    for boundary in boundaries:
+        before = [t for t, _, s in points if s <= boundary]
+        if before:
+            ax.axvline(max(before), color="red", alpha=0.3, linestyle=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens trained (log)")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title("held-out codebase loss (dotted: phase starts)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
