@@ -240,3 +240,16 @@ def test_chain_metrics_count_episodes_and_success_after_n_summaries():
     assert m["resolved_after_summaries_0"] == 1.0 and m["resolved_after_summaries_1"] == 0.5
     assert m["resolved_after_summaries_3plus"] == 0.0 and "resolved_after_summaries_2" not in m
     assert chain_metrics([episode(1, True)]) == {}  # no chain, no chain metrics
+
+
+def test_compaction_output_counts_against_the_token_budget(tokenizer, task):
+    window, trigger = window_for(tokenizer, task)
+    policy = Reader(tokenizer)
+    free, _ = run(policy, task, context_window=window * 2, context_policy="compaction", summary_trigger_tokens=trigger)
+    last = free.turns[-1]  # the budget is checked before each turn: before the last one, the segments held
+    before_last = sum(len(s.token_ids()) for s in free.segments) - len(last.token_ids) - len(last.observation_ids)
+    # a budget the segments alone leave room under, but not with what the compaction calls wrote
+    task.budgets.max_tokens = before_last + int(free.metrics["compaction_tokens"]) // 2
+    capped, _ = run(Reader(tokenizer), task, context_window=window * 2, context_policy="compaction",
+                    summary_trigger_tokens=trigger)
+    assert capped.status == EpisodeStatus.TIMEOUT and capped.limit == EndReason.TOKEN_BUDGET

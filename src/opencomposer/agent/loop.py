@@ -361,9 +361,11 @@ class AgentLoop:
         return sum(not turn.summary for turn in self.episode.turns)
 
     def tokens_used(self) -> int:
+        """Tokens charged to ``max_tokens``: every segment's context, and what compaction calls
+        wrote (no segment holds it, but the model spent it)."""
         if self.transcript is None:
-            return self.context_tokens
-        return sum(len(segment.token_ids()) for segment in self.episode.segments)
+            return self.context_tokens + self.counters["compaction_tokens"]
+        return sum(len(segment.token_ids()) for segment in self.episode.segments) + self.counters["compaction_tokens"]
 
     def context_window(self) -> int:
         return self.config.context_window or int(getattr(self.policy, "max_context", 0) or 0)
