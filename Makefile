@@ -6,18 +6,19 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all bench lint clean system-deps fetch
+.PHONY: setup demo test test-all bench lint clean system-deps fetch gpu-setup gpu-check
 
 # Everything the tests need, so that none is skipped (under CI=true a skip for a missing
 # dependency is a failure, see tests/conftest.py) and none downloads at test time.
 setup: $(STAMP) system-deps fetch
 
-# torch is pinned and installed first so that nothing resolves a CUDA build.
+# torch is pinned and installed first so that nothing resolves a CUDA build (pyproject leaves torch
+# unpinned so that the gpu extra below can take the CUDA torch vLLM is built against).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[dev,ray]"
+	$(PIP) install -q -e ".[dev,ray]" "torch==2.13.0"   # the pin again: no dependency may move torch
 	touch $(STAMP)
 
 # The sandbox needs bubblewrap and the suite tests git (gold patches are applied with git apply);
@@ -54,11 +55,25 @@ test-all: setup
 # The benchmarks compare with peers the tests do not need (TRL): the `bench` extra, on top of dev.
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PIP) install -q -e ".[dev,ray,bench]"
+	$(PIP) install -q -e ".[dev,ray,bench]" "torch==2.13.0"
 	touch $(BENCH_STAMP)
 
 bench: setup $(BENCH_STAMP)
 	for f in benchmarks/*.py; do $(PY) $$f || exit 1; done
+
+# inference.backend = "vllm" (docs/gpu.md): a separate venv, since vLLM brings its own CUDA torch and
+# the CPU venv above pins the CPU wheel. Needs a Linux machine with an NVIDIA GPU and its driver.
+GPU_VENV ?= .venv-gpu
+gpu-setup: $(GPU_VENV)/.installed
+$(GPU_VENV)/.installed: pyproject.toml
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q --upgrade pip
+	$(GPU_VENV)/bin/pip install -q -e ".[gpu]"
+	touch $@
+
+# The gpu-marked tests and the sampler/trainer throughput table, on one GPU (scripts/gpu_check.sh).
+gpu-check:
+	scripts/gpu_check.sh
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -23,7 +23,6 @@ draws the curves.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -147,13 +146,14 @@ class RLRun:
     def _sampler(self) -> Any:
         """The batching sampler every episode of a step shares, at the run's policy version.
 
-        A copy of the policy, so with ``[numerics]`` it samples in the trainer's format (a converted
-        policy is not decoded batch-invariantly: ``inference.local.LocalEngine``)."""
+        The engine is ``[inference] backend``'s (``inference.factory.make_engine``). With ``local``
+        it samples a copy of the policy, so with ``[numerics]`` it samples in the trainer's format (a
+        converted policy is not decoded batch-invariantly: ``inference.local.LocalEngine``)."""
         from opencomposer.inference.batching import BatchingEngine
-        from opencomposer.inference.local import LocalEngine
+        from opencomposer.inference.factory import make_engine
 
-        return BatchingEngine(LocalEngine(copy.deepcopy(self.model).eval(), self.tokenizer,
-                                          policy_version=self.state.step))
+        return BatchingEngine(make_engine(self.config, self.model, self.tokenizer, policy_version=self.state.step,
+                                          for_training=True, copy_model=True))
 
     def _check_stream_matches_record(self, checkpoint: Path) -> None:
         """Refuse to resume when the recipe now yields another task stream than the one the

@@ -62,7 +62,7 @@ class EmbeddedServices:
 
         self.run = run
         self.inference = InferenceService(run.model, run.tokenizer, run.state.step, run.published_weights,
-                                          faults=run.faults)
+                                          faults=run.faults, inference=run.config)
         self.evaluation = None
         if run.heldout:
             from opencomposer.services.evaluation import EvaluationService

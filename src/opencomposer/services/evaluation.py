@@ -18,7 +18,7 @@ import torch
 
 from opencomposer.config import Config
 from opencomposer.inference.batching import BatchingEngine
-from opencomposer.inference.local import LocalEngine
+from opencomposer.inference.factory import make_engine
 from opencomposer.numerics.convert import convert_model
 from opencomposer.types import Task
 
@@ -30,7 +30,7 @@ class EvaluationService:
                  load: Callable[[int], dict[str, torch.Tensor]], grader: Callable[..., Any]):
         engine_model = copy.deepcopy(model).eval()
         convert_model(engine_model, config.numerics)  # as the trainer's policy (a no-op on a converted copy)
-        self.engine = LocalEngine(engine_model, tokenizer)
+        self.engine = make_engine(config, engine_model, tokenizer, for_training=True)  # [inference] backend
         self.batcher = BatchingEngine(self.engine)
         self.tokenizer, self.config, self.tasks = tokenizer, config, tasks
         self.load, self.grader = load, grader

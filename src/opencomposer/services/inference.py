@@ -1,10 +1,12 @@
 """The inference service: one sampler serving every episode of every environment worker.
 
-``InferenceService`` holds a ``LocalEngine`` behind a ``BatchingEngine`` (the turns that episodes
-ask for at the same time go through one ``generate`` call) and hands each episode a session.
-``load_weights`` switches the sampler to a new policy version **in flight**: between two decode
-steps of whatever is generating (``inference.local``), so one episode can span versions and every
-token records the version that sampled it.
+``InferenceService`` holds the recipe's engine (``[inference] backend``, built by
+``inference.factory.make_engine``: a ``LocalEngine`` by default) behind a ``BatchingEngine`` (the
+turns that episodes ask for at the same time go through one ``generate`` call) and hands each
+episode a session. ``load_weights`` switches the sampler to a new policy version **in flight**:
+between two decode steps of whatever is generating (``inference.local``; ``inference.vllm``
+between two engine steps), so one episode can span versions and every token records the version
+that sampled it.
 
 **Restarts.** When the engine dies (``faults.EngineDied``, or any engine whose process is gone), the
 service builds a new one from the newest published version in the weight store and re-issues
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 from opencomposer.inference.batching import BatchingEngine, BatchingSession
-from opencomposer.inference.local import LocalEngine
+from opencomposer.inference.factory import make_engine
 from opencomposer.services.faults import EngineDied, FaultPlan, fire
 from opencomposer.types import Completion, SamplingParams
 
@@ -31,9 +33,9 @@ log = logging.getLogger(__name__)
 
 
 class _FaultyEngine:
-    """A ``LocalEngine`` that dies when the fault plan says so (tests only)."""
+    """An engine that dies when the fault plan says so (tests only)."""
 
-    def __init__(self, engine: LocalEngine, faults: FaultPlan):
+    def __init__(self, engine: Any, faults: FaultPlan):
         self.engine, self.faults, self.dead = engine, faults, False
 
     def __getattr__(self, name: str) -> Any:
@@ -49,11 +51,15 @@ class _FaultyEngine:
 class InferenceService:
     """See module doc. ``model`` is the template the engine is built from (its weights are
     replaced by ``weights()`` on a restart): ``weights()`` returns ``(state_dict, version)`` of the
-    newest published version."""
+    newest published version. ``inference``: the recipe (or its ``InferenceConfig``) whose
+    ``[inference] backend`` builds the engine; None: the default, ``LocalEngine``."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, version: int,
                  weights: Callable[[], tuple[dict[str, torch.Tensor], int]], *,
-                 faults: FaultPlan | None = None):
+                 faults: FaultPlan | None = None, inference: Any = None):
+        from opencomposer.config.inference import InferenceConfig
+
+        self.inference = inference if inference is not None else InferenceConfig()
         self.template = model
         self.tokenizer = tokenizer
         self.weights = weights
@@ -63,7 +69,7 @@ class InferenceService:
         self.batcher = self._build(copy.deepcopy(model).eval(), version)
 
     def _build(self, model: torch.nn.Module, version: int) -> BatchingEngine:
-        engine: Any = LocalEngine(model, self.tokenizer, policy_version=version)
+        engine: Any = make_engine(self.inference, model, self.tokenizer, policy_version=version, for_training=True)
         if self.faults is not None:
             engine = _FaultyEngine(engine, self.faults)
         return BatchingEngine(engine)

@@ -79,6 +79,9 @@ class ServerConfig:
     """Initialisation seed of randomly initialised tiny kinds."""
     batch_wait_s: float = 0.02
     """How long a request waits for others to share its engine call (``BatchingEngine.max_wait_s``)."""
+    inference: Any = None
+    """The ``[inference]`` table (``config.InferenceConfig``) whose ``backend`` builds the engine
+    (``inference.factory.make_engine``); None: ``LocalEngine``."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -303,11 +306,13 @@ class ChatModel:
 
     @classmethod
     def load(cls, config: ServerConfig) -> ChatModel:
-        """Load ``config.model`` and put a ``LocalEngine`` behind a ``BatchingEngine``."""
+        """Load ``config.model`` and put its engine (``config.inference``'s backend; ``LocalEngine``
+        by default) behind a ``BatchingEngine``."""
         import torch
 
-        from opencomposer.inference import LocalEngine
+        from opencomposer.config.inference import InferenceConfig
         from opencomposer.inference.batching import BatchingEngine
+        from opencomposer.inference.factory import make_engine
         from opencomposer.model import load_model
         from opencomposer.model.tokenizer import ensure_chat_template, stop_token_ids
 
@@ -317,7 +322,8 @@ class ChatModel:
             ensure_chat_template(tokenizer)
         configured_eos = model.generation_config.eos_token_id
         configured_eos = [configured_eos] if isinstance(configured_eos, int) else list(configured_eos or [])
-        engine = BatchingEngine(LocalEngine(model, tokenizer), max_wait_s=config.batch_wait_s)
+        inference = config.inference if config.inference is not None else InferenceConfig()
+        engine = BatchingEngine(make_engine(inference, model, tokenizer), max_wait_s=config.batch_wait_s)
         max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         return cls(config.model, tokenizer, engine, set(stop_token_ids(tokenizer)) | set(configured_eos), max_positions)
 

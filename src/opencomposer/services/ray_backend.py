@@ -174,7 +174,7 @@ class InferenceActor:
         if ray.get_runtime_context().was_current_actor_reconstructed:
             version = self.store.latest()  # a restart serves the newest version, as the embedded service's
         model.load_state_dict(self.subscriber.update(version))
-        self.service = InferenceService(model, tokenizer, version, self._newest)
+        self.service = InferenceService(model, tokenizer, version, self._newest, inference=config)
         self._loading = threading.Lock()  # the subscriber
         self._lock = threading.Lock()  # the fields below
         self._sessions: dict[str, Any] = {}  # session id → ServiceSession

@@ -71,13 +71,14 @@ class EnginePolicy:
 
 
 def local_policy(argument: str, config: Config) -> EnginePolicy:
-    """``local`` uses the recipe's model; ``local:PATH`` a checkpoint folder."""
-    from opencomposer.inference import LocalEngine
+    """``local`` uses the recipe's model; ``local:PATH`` a checkpoint folder. The engine is the
+    recipe's ``[inference] backend`` (``inference.factory.make_engine``)."""
+    from opencomposer.inference.factory import make_engine
     from opencomposer.model import load_model
     from opencomposer.model.device import resolve_device
 
     spec = argument or config.model
     model, tokenizer = load_model(spec, seed=config.run.seed, device=resolve_device(config.run.device))
-    engine = LocalEngine(model, tokenizer)
+    engine = make_engine(config, model, tokenizer)
     name = f"local:{argument}" if argument else f"local:{config.model.kind}"
     return EnginePolicy(engine, tokenizer, config.sampling, name=name)

@@ -1,0 +1,470 @@
+"""``inference.vllm``: the adapter's translation logic, and (GPU only) the real thing.
+
+The CPU tests inject a tiny stand-in ``vllm`` module into ``sys.modules``. It mirrors only the API
+surface the adapter uses (``LLM``'s ``llm_engine.add_request`` / ``step`` / ``abort_request``,
+``collective_rpc``, ``reset_prefix_cache``; ``SamplingParams``; ``EngineArgs``' field names;
+``RequestOutputKind``) with a made-up "model" whose tokens are a function of the seed, the step
+and the loaded weights. **These tests check the adapter, not vLLM**: how our ``SamplingParams``
+become vLLM's, how deltas become ``Completion``s (logprobs, finish reasons, per-token versions,
+routes), when weights are handed to the workers and under which names, and the errors. Whether
+vLLM's processed logprobs match the trainer's and whether in-flight updates behave on a real GPU is
+for the ``gpu``-marked tests at the bottom (``scripts/gpu_check.sh``), skipped without CUDA and vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from opencomposer.config import InferenceConfig
+from opencomposer.inference import vllm as adapter
+from opencomposer.types import SamplingParams
+
+VOCAB = 50
+
+
+# ----------------------------------------------------------------------------------------------
+# The stand-in
+
+
+class _Kind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+@dataclasses.dataclass
+class _EngineArgs:
+    model: str = ""
+    logprobs_mode: str = "raw_logprobs"
+    async_scheduling: bool = False
+    enable_return_routed_experts: bool = False
+
+
+class _SamplingParams:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+class _Logprob:
+    def __init__(self, logprob: float):
+        self.logprob = logprob
+
+
+class _Model:
+    """The workers' model: ``offset`` (from ``model.norm.weight[0]``) shifts every token."""
+
+    def __init__(self):
+        self.offset = 0
+        self.loads: list[list[str]] = []
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        self.loads.append([name for name, _ in weights])
+        for name, tensor in weights:
+            if name == "model.norm.weight":
+                self.offset = int(tensor[0])
+
+
+class _Engine:
+    """One token per running request per ``step``: ``(seed + position + offset) % VOCAB``."""
+
+    def __init__(self, model: _Model, routes: bool, layers: int = 2, top_k: int = 2):
+        self.model, self.routes, self.layers, self.top_k = model, routes, layers, top_k
+        self.requests: dict[str, dict] = {}
+        self.steps = 0
+        self.on_step = None  # called before each step (tests use it to publish weights mid-call)
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id, prompt, params):
+        assert params.output_kind is _Kind.DELTA and params.n == 1
+        self.requests[request_id] = {"prompt": list(prompt["prompt_token_ids"]), "params": params, "tokens": []}
+
+    def has_unfinished_requests(self):
+        return any("done" not in r for r in self.requests.values())
+
+    def abort_request(self, ids):
+        self.aborted += list(ids)
+        for i in ids:
+            self.requests[i]["done"] = "abort"
+
+    def step(self):
+        if self.on_step is not None:
+            self.on_step(self.steps)
+        self.steps += 1
+        outputs = []
+        for request_id, r in self.requests.items():
+            if "done" in r:
+                continue
+            p = r["params"]
+            token = (p.seed + len(r["tokens"]) + self.model.offset) % VOCAB
+            r["tokens"].append(token)
+            finish = None
+            if token in p.stop_token_ids:
+                finish = "stop"
+            elif len(r["tokens"]) >= p.max_tokens:
+                finish = "length"
+            routes = None
+            if finish:
+                r["done"] = finish
+                if self.routes:  # every position but the last sampled token, as vLLM may report them
+                    length = len(r["prompt"]) + len(r["tokens"]) - 1
+                    routes = np.arange(length * self.layers * self.top_k).reshape(length, self.layers, self.top_k) % 8
+            completion = types.SimpleNamespace(token_ids=[token], logprobs=[{token: _Logprob(-0.01 * token)}],
+                                               finish_reason=finish, routed_experts=routes)
+            outputs.append(types.SimpleNamespace(request_id=request_id, outputs=[completion],
+                                                 finished=finish is not None))
+        return outputs
+
+
+class _LLM:
+    instances: list[_LLM] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.model = _Model()
+        self.llm_engine = _Engine(self.model, routes=kwargs.get("enable_return_routed_experts", False))
+        self.resets = 0
+        _LLM.instances.append(self)
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=self.model))
+        return [method(worker, *args, **(kwargs or {}))]
+
+    def reset_prefix_cache(self):
+        if self.llm_engine.has_unfinished_requests():
+            return False
+        self.resets += 1
+        return True
+
+
+class _Tokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(f"t{i}" for i in ids)
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM = _LLM
+    module.SamplingParams = _SamplingParams
+    module.EngineArgs = _EngineArgs
+    module.sampling_params = types.SimpleNamespace(RequestOutputKind=_Kind)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    _LLM.instances.clear()
+    return module
+
+
+def _engine(is_moe=False, eos=(49,), **config) -> adapter.VLLMEngine:
+    return adapter.VLLMEngine("/nowhere", _Tokenizer(), InferenceConfig(**config), eos_ids=eos, is_moe=is_moe,
+                              num_experts=8, max_positions=1000)
+
+
+# ----------------------------------------------------------------------------------------------
+# Without vLLM
+
+
+def test_asking_for_vllm_without_it_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # an import of vllm now fails
+    with pytest.raises(adapter.VLLMUnavailable, match=r"separate virtual environment.*make gpu-setup.*\.\[gpu"):
+        adapter.import_vllm()
+    with pytest.raises(adapter.VLLMUnavailable):
+        _engine()
+
+
+# ----------------------------------------------------------------------------------------------
+# The adapter over the stand-in
+
+
+def test_llm_is_built_with_the_recipe_knobs_and_processed_logprobs(fake_vllm, monkeypatch):
+    import os
+
+    engine = _engine(is_moe=True, gpu_memory_utilization=0.7, tensor_parallel_size=2, enable_prefix_caching=False,
+                     max_model_len=512, dtype="bfloat16")
+    kwargs = engine.llm.kwargs
+    assert kwargs["logprobs_mode"] == "processed_logprobs"
+    assert (kwargs["gpu_memory_utilization"], kwargs["tensor_parallel_size"], kwargs["enable_prefix_caching"],
+            kwargs["max_model_len"], kwargs["dtype"]) == (0.7, 2, False, 512, "bfloat16")
+    assert kwargs["async_scheduling"] is False and kwargs["enable_return_routed_experts"] is True
+    assert kwargs["generation_config"] == "vllm"  # the checkpoint's sampling defaults never apply
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert engine.max_positions == 512
+    dense = _engine()
+    assert "enable_return_routed_experts" not in dense.llm.kwargs and "max_model_len" not in dense.llm.kwargs
+
+
+def test_a_vllm_without_logprobs_mode_is_refused(fake_vllm, monkeypatch):
+    @dataclasses.dataclass
+    class Old:
+        model: str = ""
+
+    monkeypatch.setattr(fake_vllm, "EngineArgs", Old)
+    with pytest.raises(adapter.EngineError, match="logprobs_mode"):
+        _engine()
+
+
+def test_sampling_params_map_one_to_one(fake_vllm):
+    engine = _engine(eos=(49, 48))
+    params = SamplingParams(max_new_tokens=7, temperature=0.8, top_p=0.9, top_k=20, stop=["\n\n"], stop_token_ids=[3])
+    sp = engine.sampling_params(params, seed=1234)
+    assert (sp.n, sp.max_tokens, sp.temperature, sp.top_p, sp.top_k, sp.seed) == (1, 7, 0.8, 0.9, 20, 1234)
+    assert sp.logprobs == 0 and sp.min_p == 0.0 and sp.output_kind is _Kind.DELTA
+    assert sp.stop == ["\n\n"] and sp.include_stop_str_in_output and sp.detokenize
+    assert sp.stop_token_ids == [3, 48, 49] and sp.ignore_eos is False and sp.skip_special_tokens is False
+    bare = engine.sampling_params(SamplingParams(ignore_eos=True, stop_token_ids=[3]), seed=1)
+    assert bare.stop_token_ids == [3] and bare.ignore_eos and bare.stop is None and not bare.detokenize
+
+
+def test_generate_fans_out_rows_with_local_engine_row_seeds(fake_vllm):
+    from opencomposer.inference.local import row_seed
+
+    engine = _engine()
+    prompts = [[1, 2, 3], [4, 5]]
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=4, seed=7), n=3)
+    assert [(c.prompt_index, c.sample_index) for c in out] == [(i, j) for i in range(2) for j in range(3)]
+    requests = list(engine.llm.llm_engine.requests.values())
+    assert [r["params"].seed for r in requests] == [row_seed(7, i, j) for i in range(2) for j in range(3)]
+    assert [r["prompt"] for r in requests] == [prompts[0]] * 3 + [prompts[1]] * 3
+    for c, r in zip(out, requests):
+        assert c.token_ids == r["tokens"]
+        assert c.logprobs == pytest.approx([-0.01 * t for t in c.token_ids])
+        assert c.finish_reason == r["done"]
+        assert c.text == _Tokenizer().decode(c.token_ids)
+        assert c.token_versions == [0] * len(c.token_ids) and c.policy_version == 0
+        assert c.routed_experts is None and c.prompt_routed_experts is None
+    seeds = [11, 12, 13, 14]
+    engine.generate([[1], [2]], SamplingParams(max_new_tokens=2), n=2, row_seeds=seeds)
+    assert [r["params"].seed for r in list(engine.llm.llm_engine.requests.values())[-4:]] == seeds
+
+
+def test_stop_tokens_end_with_stop_and_zero_tokens_runs_nothing(fake_vllm):
+    engine = _engine(eos=(45,))
+    # seed 40: tokens 40, 41, ... reach the EOS id 45 at the sixth
+    [c] = engine.generate([[1]], SamplingParams(max_new_tokens=20), row_seeds=[40])
+    assert c.token_ids == [40, 41, 42, 43, 44, 45] and c.finish_reason == "stop"
+    steps = engine.llm.llm_engine.steps
+    [empty] = engine.generate([[1]], SamplingParams(max_new_tokens=0))
+    assert empty.token_ids == [] and empty.finish_reason == "length" and engine.llm.llm_engine.steps == steps
+
+
+def test_bad_requests_are_refused(fake_vllm):
+    engine = _engine()
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="limit"):
+        engine.generate([list(range(1000))], SamplingParams())
+    with pytest.raises(ValueError, match="row_seeds"):
+        engine.generate([[1]], SamplingParams(), n=2, row_seeds=[1])
+
+
+def test_moe_routes_are_split_into_prompt_and_completion(fake_vllm):
+    engine = _engine(is_moe=True)
+    [c] = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4), row_seeds=[0])
+    # the stand-in, like vLLM may, covers every position but the last sampled token
+    assert c.prompt_routed_experts.shape == (3, 2, 2) and c.prompt_routed_experts.dtype == np.uint8
+    assert c.routed_experts is None
+    full = np.zeros((7, 2, 2), dtype=np.int64)
+    prompt, completion = adapter.split_routes(full, 3, 4, np.dtype(np.uint8))
+    assert prompt.shape == (3, 2, 2) and completion.shape == (4, 2, 2) and completion.dtype == np.uint8
+    assert adapter.split_routes(None, 3, 4, np.dtype(np.uint8)) == (None, None)
+    with pytest.raises(adapter.EngineError, match="covers 5 positions"):
+        adapter.split_routes(np.zeros((5, 2, 2)), 3, 4, np.dtype(np.uint8))
+
+
+def test_weights_go_to_the_workers_under_checkpoint_names(fake_vllm):
+    engine = _engine()
+    state = {"model.norm.weight": torch.tensor([5.0, 0.0]),
+             "model.layers.0.mlp.experts.gate_up_proj": torch.zeros(2, 6, 4),
+             "model.layers.0.mlp.experts.down_proj": torch.zeros(2, 4, 3)}
+    engine.load_weights(state, 3)
+    assert engine.policy_version == 3 and engine.llm.model.offset == 5
+    assert sorted(engine.llm.model.loads[-1]) == sorted([
+        "model.norm.weight",
+        "model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.experts.0.up_proj.weight",
+        "model.layers.0.mlp.experts.1.gate_proj.weight", "model.layers.0.mlp.experts.1.up_proj.weight",
+        "model.layers.0.mlp.experts.0.down_proj.weight", "model.layers.0.mlp.experts.1.down_proj.weight"])
+    assert engine.llm.resets == 1  # the prefix cache of the replaced weights is dropped at once
+    [c] = engine.generate([[1]], SamplingParams(max_new_tokens=1), row_seeds=[0])
+    assert c.token_ids == [5] and c.policy_version == 3
+
+
+def test_weights_published_mid_call_land_between_two_steps(fake_vllm):
+    engine = _engine()
+    vllm_engine = engine.llm.llm_engine
+
+    def publish(step):
+        if step == 2:  # as a trainer thread would, while the call runs
+            engine.load_weights({"model.norm.weight": torch.tensor([10.0])}, 1)
+            assert engine.policy_version == 0, "staged, not applied, while a step may be running"
+
+    vllm_engine.on_step = publish
+    out = engine.generate([[1], [2]], SamplingParams(max_new_tokens=5), row_seeds=[0, 20])
+    for c, seed in zip(out, (0, 20)):
+        assert c.token_versions == [0, 0, 0, 1, 1] and c.policy_version == 0
+        assert c.token_ids == [seed, seed + 1, seed + 2, seed + 13, seed + 14]
+    assert engine.policy_version == 1
+    assert engine.llm.resets == 1  # reset once nothing ran any more
+
+
+def test_failures_are_reported_not_hidden(fake_vllm):
+    engine = _engine()
+    vllm_engine = engine.llm.llm_engine
+
+    def boom(step):
+        if step == 1:
+            raise RuntimeError("CUDA out of memory")
+
+    vllm_engine.on_step = boom
+    with pytest.raises(RuntimeError, match="out of memory"):
+        engine.generate([[1]], SamplingParams(max_new_tokens=5), row_seeds=[0])
+    assert len(vllm_engine.aborted) == 1  # its request does not linger in vLLM
+    with pytest.raises(adapter.EngineError, match="no logprob"):
+        adapter.sampled_logprobs([{3: _Logprob(-1.0)}], [4])
+    with pytest.raises(adapter.EngineError, match="logprob positions"):
+        adapter.sampled_logprobs(None, [4])
+    row = adapter._Row(0, 0)
+    aborted = types.SimpleNamespace(request_id="r", finished=True, outputs=[types.SimpleNamespace(
+        token_ids=[], logprobs=[], finish_reason="abort")])
+    with pytest.raises(adapter.EngineError, match="abort"):
+        engine._take(row, aborted, 0)
+
+
+def test_checkpoint_names_match_the_saved_checkpoint(tmp_path, tiny_tokenizer):
+    """What vLLM loads at start (the folder ``save_checkpoint`` writes) and what ``load_weights``
+    hands it later name and hold the same tensors."""
+    from safetensors.torch import load_file
+
+    from opencomposer.config import ModelConfig
+    from opencomposer.model.loading import load_model, save_checkpoint
+
+    model, tokenizer = load_model(ModelConfig(kind="tiny_moe"), tiny_tokenizer, seed=0)
+    save_checkpoint(model, tokenizer, tmp_path)
+    saved = {}
+    for path in tmp_path.glob("*.safetensors"):
+        saved.update(load_file(path))
+    names = adapter.checkpoint_names(model.state_dict())
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    assert set(names) - tied == set(saved)
+    for name, tensor in saved.items():
+        assert torch.equal(names[name], tensor), name
+
+
+# ----------------------------------------------------------------------------------------------
+# HttpEngine
+
+
+def test_http_engine_speaks_token_ids_and_refuses_what_it_cannot_do(monkeypatch):
+    calls = []
+
+    def reply(self, path, body=None):
+        calls.append((path, body))
+        return {"choices": [{"logprobs": {"tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-0.5, -0.25]},
+                             "finish_reason": "stop", "text": "ab"}]}
+
+    monkeypatch.setattr(adapter.HttpEngine, "_request", reply)
+    engine = adapter.HttpEngine("http://server/v1/", "m", _Tokenizer())
+    out = engine.generate([[1, 2], [3]], SamplingParams(max_new_tokens=8, top_k=5, stop_token_ids=[9], seed=1), n=2)
+    assert [(c.prompt_index, c.sample_index) for c in out] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert out[0].token_ids == [5, 6] and out[0].logprobs == [-0.5, -0.25] and out[0].finish_reason == "stop"
+    assert out[0].routed_experts is None
+    path, body = calls[0]
+    assert path == "/completions" and body["prompt"] in ([1, 2], [3]) and body["return_tokens_as_token_ids"]
+    assert body["logprobs"] == 0 and body["top_k"] == 5 and body["stop_token_ids"] == [9] and body["n"] == 1
+    assert len({b["seed"] for _, b in calls}) == 4  # one seed per row
+    with pytest.raises(adapter.EngineError, match="cannot take new weights"):
+        engine.load_weights({}, 1)
+    with pytest.raises(adapter.EngineError, match="no token-level logprobs"):
+        adapter.HttpEngine.parse({"text": "x", "finish_reason": "stop"})
+    with pytest.raises(adapter.EngineError, match="return_tokens_as_token_ids"):
+        adapter.HttpEngine.parse({"logprobs": {"tokens": ["a"], "token_logprobs": [-1.0]}})
+
+
+# ----------------------------------------------------------------------------------------------
+# The real thing (scripts/gpu_check.sh)
+
+
+def _real_vllm():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pytest.skip("needs vLLM (the gpu extra, docs/gpu.md)")
+
+
+@pytest.fixture(scope="module")
+def smol_vllm():
+    """SmolLM2-135M in vLLM (bfloat16) and the same model in transformers on the GPU."""
+    _real_vllm()
+    from opencomposer.config import ModelConfig
+    from opencomposer.model.loading import load_model
+
+    model, tokenizer = load_model(ModelConfig(kind="smollm2", dtype="bfloat16"), device="cuda")
+    engine = adapter.VLLMEngine.from_model(model, tokenizer, InferenceConfig(
+        backend="vllm", gpu_memory_utilization=0.3, max_model_len=2048, dtype="bfloat16"))
+    return model, tokenizer, engine
+
+
+@pytest.mark.gpu
+def test_real_vllm_logprobs_are_those_of_the_cut_distribution(smol_vllm):
+    """vLLM's processed logprobs agree with the trainer's scoring of the same tokens
+    (``training.forward``'s rule: temperature, top-p cut, renormalised) to bf16 rounding."""
+    from opencomposer.inference.sampling import kept_tokens, truncated_logprobs
+
+    model, tokenizer, engine = smol_vllm
+    prompt = tokenizer.encode("def fibonacci(n):")
+    params = SamplingParams(max_new_tokens=32, temperature=0.7, top_p=0.9, seed=3, ignore_eos=True)
+    [c] = engine.generate([prompt], params)
+    assert len(c.token_ids) == 32 and len(c.logprobs) == 32
+    ids = torch.tensor([prompt + c.token_ids], device="cuda")
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / params.temperature
+    logp = truncated_logprobs(logits, kept_tokens(logits, params.top_p))
+    mine = logp.gather(1, torch.tensor(c.token_ids, device="cuda")[:, None])[:, 0].cpu()
+    ours = torch.tensor(c.logprobs)
+    finite = torch.isfinite(mine)  # a token at the top-p boundary may fall outside the trainer's cut
+    assert finite.float().mean() > 0.9
+    assert (mine[finite] - ours[finite]).abs().median() < 0.05
+
+
+@pytest.mark.gpu
+def test_real_vllm_takes_weights_in_flight_and_seeds_rows(smol_vllm):
+    model, tokenizer, engine = smol_vllm
+    prompt = tokenizer.encode("import numpy as np\n")
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=5, ignore_eos=True)
+    a = engine.generate([prompt], params, n=2)
+    b = engine.generate([prompt], params, n=2)
+    assert a[0].token_ids == b[0].token_ids and a[0].token_ids != a[1].token_ids  # seeds per row
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["model.norm.weight"] = state["model.norm.weight"] * 0.5
+    version = engine.policy_version + 1
+    engine.load_weights(state, version)
+    c = engine.generate([prompt], params)[0]
+    assert c.policy_version == version and c.token_versions == [version] * 16
+    engine.load_weights(model.state_dict(), version + 1)  # back to the model's weights
+    d = engine.generate([prompt], params)[0]
+    assert d.token_ids == a[0].token_ids
+
+
+@pytest.mark.gpu
+def test_real_vllm_moe_returns_routes_where_supported(tiny_tokenizer):
+    _real_vllm()
+    from opencomposer.config import ModelConfig
+    from opencomposer.model.loading import load_model
+
+    model, tokenizer = load_model(ModelConfig(kind="tiny_moe"), tiny_tokenizer, seed=0)
+    engine = adapter.VLLMEngine.from_model(model, tokenizer, InferenceConfig(
+        backend="vllm", gpu_memory_utilization=0.2, max_model_len=1024, dtype="float32"))
+    [c] = engine.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1))
+    assert len(c.token_ids) == 8
+    if not engine.returns_routes:
+        pytest.skip("this vLLM has no enable_return_routed_experts: routes are None")
+    assert c.prompt_routed_experts.shape == (4, 4, 2)
+    assert c.routed_experts is None or c.routed_experts.shape == (8, 4, 2)
