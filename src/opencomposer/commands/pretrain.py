@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import argparse
 
-from opencomposer.config import load_recipe
+from opencomposer.config import ConfigError, load_recipe
 
 
 def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
+    from opencomposer.distributed.runtime import launch, under_launcher
+
+    if config.pretrain.phases and (config.trainer.world_size > 1 or under_launcher()):
+        raise ConfigError("[[pretrain.phases]] trains in one process so far; data parallelism "
+                          "(trainer.world_size > 1, torchrun) runs the single phase of [pretrain] only")
     if config.pretrain.phases:
         from opencomposer.pretrain.phases import run_phases
 
@@ -23,9 +28,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"{result.steps} steps, {result.tokens:,} tokens in {result.seconds:.0f} s; "
               f"run folder: {config.run.path} (checkpoint/, heldout.png, corpus.json, mix.json)")
         return 0
-    from opencomposer.pretrain.cpt import run_pretraining
+    from opencomposer.pretrain.cpt import pretrain_worker
 
-    _, _, result, checkpoint = run_pretraining(config)
+    outcome = launch(pretrain_worker, config)  # trainer.world_size processes, or torchrun's, or this one
+    if outcome is None:  # a following rank of a torchrun group: rank 0 reports
+        return 0
+    result, checkpoint = outcome
     print(f"{result.steps} steps, {result.tokens:,} tokens in {result.seconds:.0f} s; "
           f"loss {result.first_loss:.3f} → {result.last_loss:.3f}; checkpoint: {checkpoint}")
     return 0

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from opencomposer.config.agent import AgentConfig, SamplingConfig
 from opencomposer.config.bench import EvalConfig
 from opencomposer.config.grading import GradingConfig
+from opencomposer.config.inference import InferenceConfig
 from opencomposer.config.model import CorpusConfig, ModelConfig, TokenizerConfig
 from opencomposer.config.numerics import NumericsConfig
+from opencomposer.config.parallel import ParallelConfig, TrainerConfig
 from opencomposer.config.pretrain import PretrainConfig, SFTConfig
 from opencomposer.config.rl import RLConfig
 from opencomposer.config.run import RunConfig
@@ -35,8 +37,11 @@ class Config(Section):
     eval: EvalConfig = field(default_factory=EvalConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     services: ServicesConfig = field(default_factory=ServicesConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def validate(self) -> None:
         # [numerics] converts the routed experts (opencomposer.numerics.convert); a dense model has none

@@ -11,12 +11,22 @@ measured on files the training never sees. ``run_pretraining`` leaves ``metrics.
 the experts' (and, with ``quantize_linears``, the other linears') matmuls in that format
 (``numerics.convert``); the checkpoint holds the same high-precision weights either way.
 
+**Data parallel** (``trainer.world_size > 1``; ``opencomposer.distributed``): every rank reads the
+same batch stream and trains on its slice of each batch's rows, with the model sharded by FSDP2.
+Each rank's cross-entropy is weighted by its share of the batch's tokens (× N, since FSDP averages
+gradients over the ranks), so the gradient is the single-process gradient of the whole batch
+(``tests/distributed/test_dp_pretrain.py``). The MoE load-balancing loss is the exception: it is
+computed on each rank's slice and averaged, as data-parallel MoE training does everywhere. Every
+rank runs the held-out evaluation (FSDP's forwards are collective); rank 0 alone logs and writes
+the checkpoint, gathered whole, in the same layout as one process.
+
 What this is not (yet): the report's 32k → 256k long-context phases and MTP self-distillation;
 those build on this loop.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +35,9 @@ from typing import Any
 
 import torch
 
-from opencomposer.config import Config, PretrainConfig, to_toml
+from opencomposer.config import Config, ConfigError, PretrainConfig, to_toml
+from opencomposer.distributed.fsdp import clip_gradients, full_model_state, shard_model
+from opencomposer.distributed.runtime import World
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
 from opencomposer.model.device import resolve_device
 from opencomposer.numerics.convert import convert_model
@@ -64,14 +76,17 @@ def packed_batches(
             return
 
 
-def lm_loss(model: torch.nn.Module, batch: torch.Tensor, aux_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """Mean next-token cross-entropy over ``batch`` [B, T+1], plus ``aux_coef`` × load-balancing loss."""
+def lm_loss(model: torch.nn.Module, batch: torch.Tensor, aux_coef: float = 0.0,
+            ce_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """Mean next-token cross-entropy over ``batch`` [B, T+1] times ``ce_weight`` (a data-parallel
+    rank's share, module doc), plus ``aux_coef`` × load-balancing loss. ``metrics["loss"]`` is the
+    unweighted mean."""
     want_aux = aux_coef > 0 and hasattr(model.config, "router_aux_loss_coef")
     out = model(input_ids=batch[:, :-1], output_router_logits=want_aux) if want_aux else model(input_ids=batch[:, :-1])
     logits = out.logits.float()  # [B, T, V]
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
     metrics = {"loss": ce.item()}
-    loss = ce
+    loss = ce * ce_weight if ce_weight != 1.0 else ce
     if want_aux and getattr(out, "aux_loss", None) is not None:
         loss = loss + aux_coef * out.aux_loss
         metrics["aux_loss"] = out.aux_loss.item()
@@ -113,14 +128,21 @@ def pretrain(
     log: MetricsLog | None = None,
     progress: bool = True,
     seed: int = 0,
+    world: World | None = None,
 ) -> PretrainResult:
     """Train ``model`` in place (on the device it is on) for ``config.max_steps`` steps or
-    ``config.max_minutes``; the rows of ``history`` also go to ``log`` when given."""
+    ``config.max_minutes``; the rows of ``history`` also go to ``log`` when given. ``world``: this
+    rank of a data-parallel group (module doc); ``model`` is then sharded in place."""
     from opencomposer.model.tokenizer import document_separator_id
 
     torch.manual_seed(seed)
     separator = document_separator_id(tokenizer)
     batches = packed_batches(train_files, tokenizer, separator, config.batch_size, config.seq_len)
+    world = world or World()
+    if world.distributed and config.batch_size < world.size:
+        raise ConfigError(f"pretrain.batch_size = {config.batch_size} gives some of the "
+                          f"trainer.world_size = {world.size} ranks no rows; use at least one row per rank")
+    shard_model(model, world)
     device = next(model.parameters()).device
     heldout: list[torch.Tensor] = []
     if heldout_files and config.eval_batches:
@@ -142,12 +164,19 @@ def pretrain(
             time_step = round(config.max_steps * (time.perf_counter() - start) / (60 * config.max_minutes))
             lr = warmup_cosine_lr(max(step, time_step), peak_lr=config.lr, warmup_steps=config.warmup_steps,
                                   total_steps=config.max_steps, min_lr_ratio=config.min_lr_ratio)
+            lr = world.broadcast(lr)  # rank 0's clock decides, so every rank steps alike
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, metrics = lm_loss(model, batch, aux_coef)
+            if world.distributed:
+                # this rank's rows; its mean CE weighted by its share of the tokens, × N for FSDP's average
+                share = batch.tensor_split(world.size)[world.rank]
+                loss, metrics = lm_loss(model, share, aux_coef, ce_weight=world.size * len(share) / len(batch))
+                metrics = merge_rank_metrics(world, metrics, len(share) / len(batch))
+            else:
+                loss, metrics = lm_loss(model, batch, aux_coef)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip).item()
+            grad_norm = clip_gradients(list(model.parameters()), config.grad_clip)
             optimizer.step()
             result.steps = step + 1
             result.tokens += batch[:, 1:].numel()
@@ -162,7 +191,7 @@ def pretrain(
                 if log:
                     log.log(step + 1, "train", {k: v for k, v in row.items() if k != "step"})
             bar.update(step + 1, loss=metrics["loss"])
-            if time.perf_counter() > deadline:
+            if world.broadcast(time.perf_counter() > deadline):
                 break
     if heldout and (not result.heldout or result.heldout[-1][0] != result.steps):
         final = evaluate(model, heldout)
@@ -173,6 +202,16 @@ def pretrain(
     result.seconds = time.perf_counter() - start
     model.eval()
     return result
+
+
+def merge_rank_metrics(world: World, metrics: dict[str, float], share: float) -> dict[str, float]:
+    """The batch's metrics from every rank's: the cross-entropy weighted by each rank's share of the
+    rows (so it is the whole batch's mean), the load-balancing loss averaged over the ranks."""
+    gathered = world.gather((metrics, share))
+    merged = {"loss": sum(m["loss"] * w for m, w in gathered)}
+    if "aux_loss" in metrics:
+        merged["aux_loss"] = sum(m["aux_loss"] for m, _ in gathered) / len(gathered)
+    return merged
 
 
 def plot_loss(history: list[dict], path: Path, title: str = "pretraining loss") -> Path:
@@ -201,20 +240,27 @@ def plot_loss(history: list[dict], path: Path, title: str = "pretraining loss") 
 
 
 def run_pretraining(
-    config: Config, corpus: Corpus | None = None, tokenizer: Any = None, progress: bool = True
+    config: Config, corpus: Corpus | None = None, tokenizer: Any = None, progress: bool = True,
+    world: World | None = None,
 ) -> tuple[Any, Any, PretrainResult, Path]:
     """Corpus → tokenizer → model → pretrain → checkpoint, all under ``config.run.path``.
 
-    ``corpus`` and ``tokenizer`` may be passed in when the caller already built them."""
+    ``corpus`` and ``tokenizer`` may be passed in when the caller already built them. ``world``:
+    this rank of a data-parallel group (``distributed.launch``; module doc). Every rank returns;
+    only rank 0's files and result are the run's."""
     from opencomposer.model.loading import TINY_KINDS, default_tokenizer, load_model, save_checkpoint
     from opencomposer.model.tokenizer import load_tokenizer
 
-    device = resolve_device(config.run.device)
+    world = world or World()
+    device = world.device if world.distributed else resolve_device(config.run.device)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     run_dir = config.run.path
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.toml").write_text(to_toml(config))
+    if not world.main:
+        world.barrier()  # rank 0 builds (and caches) corpus and tokenizer first; the others reuse them
+    if world.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recipe.toml").write_text(to_toml(config))
     corpus = corpus or build_corpus(config.corpus, seed=config.run.seed)
     if config.model.kind in TINY_KINDS and not config.model.path:
         if tokenizer is None:
@@ -226,14 +272,32 @@ def run_pretraining(
         model, tokenizer = load_model(config.model, tokenizer, seed=config.run.seed, device=device)
     else:
         model, tokenizer = load_model(config.model, seed=config.run.seed, device=device)
+    if world.main and world.distributed:
+        world.barrier()
     convert_model(model, config.numerics)
+    host = copy.deepcopy(model).cpu() if world.distributed and world.main else None  # to checkpoint from
+    if not world.main:
+        result = pretrain(model, tokenizer, corpus.train, corpus.heldout, config.pretrain,
+                          progress=False, seed=config.run.seed, world=world)
+        full_model_state(model, world)  # rank 0 gathers the checkpoint
+        return model, tokenizer, result, run_dir / "checkpoint"
     with MetricsLog(run_dir) as log:
         result = pretrain(model, tokenizer, corpus.train, corpus.heldout, config.pretrain,
-                          log=log, progress=progress, seed=config.run.seed)
+                          log=log, progress=progress, seed=config.run.seed, world=world)
         log.sync()
+    if host is not None:
+        host.load_state_dict(full_model_state(model, world))
+        model = host
     from opencomposer.io import atomic_directory
 
     # built aside and renamed into place: a crash leaves the old checkpoint or the new one, never a part
     checkpoint = atomic_directory(run_dir / "checkpoint", lambda folder: save_checkpoint(model, tokenizer, folder))
     plot_loss(result.history, run_dir / "loss.png")
     return model, tokenizer, result, checkpoint
+
+
+def pretrain_worker(world: World, config: Config) -> tuple[PretrainResult, Path] | None:
+    """``distributed.launch``'s function for ``opencomposer pretrain``: rank 0's result and
+    checkpoint folder (what the command prints), None on the other ranks."""
+    _, _, result, checkpoint = run_pretraining(config, progress=world.main, world=world)
+    return (result, checkpoint) if world.main else None

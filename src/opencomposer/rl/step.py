@@ -25,6 +25,15 @@ With ``rl.router_replay`` on, every forward replays the sampler's routes (report
 ``model.routing.RouterReplay``, ``training.forward``), and the step reports
 ``router_replay_replace_rate`` (replayed experts the confidence filter replaced; 0 for plain
 ``replay``) and ``router_replay_agreement`` (replayed experts the trainer's own top-k also chose).
+
+**Data parallel** (``world``, ``opencomposer.distributed``): every rank calls ``train_step`` on its
+share of the step's rows, with the whole step's token and sequence counts (``step_tokens``,
+``step_sequences``), so each rank's loss is its part of the step's sum. FSDP2 *averages* gradients
+over the ranks, so each rank backpropagates N × its loss and the average is the sum: the gradient,
+clipping and update equal the single process's on all the rows (``tests/distributed``). Ranks with
+fewer micro-batches run zero-loss forwards until all have run as many (FSDP gathers each layer's
+weights collectively), and the metrics are merged over the ranks, so every rank returns the
+single-process numbers.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import dataclasses
 import torch
 
 from opencomposer.config import RLConfig
-from opencomposer.model.routing import RouterReplay
+from opencomposer.distributed.fsdp import clip_gradients
+from opencomposer.distributed.runtime import World
+from opencomposer.model.routing import ReplayStats, RouterReplay
 from opencomposer.rl.losses import LossInputs, mismatch_kl, ratio_metrics, rl_loss, staleness_metrics
 from opencomposer.training.forward import batch_to, token_logprobs
 from opencomposer.types import TrainBatch
@@ -52,7 +63,7 @@ def _merge(total: dict[str, float], metrics: dict[str, float], tokens: float) ->
             total[name] = total.get(name, 0.0) + value * tokens
 
 
-def step_sequences(batches: list[TrainBatch]) -> int:
+def count_sequences(batches: list[TrainBatch]) -> int:
     """Sequences of the step with a model token: episodes when the batches say which (a chain's
     segments, in any micro-batch, count once), else rows."""
     if all(b.episode_ids is not None for b in batches):
@@ -69,17 +80,24 @@ def train_step(
     top_p: float = 1.0,
     top_k: int = 0,
     trainer_version: int | None = None,
+    world: World | None = None,
+    step_tokens: float | None = None,
+    step_sequences: float | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Accumulate the loss's gradient over ``batches`` (the step's micro-batches), clip, step.
     Tokens are scored as the sampler drew them (``temperature``, ``top_p``, ``top_k``; see
     ``training.forward.token_logprobs``). ``trainer_version``: the policy version of the weights
     being trained; with it, each token's staleness against the version that sampled it
-    (``TrainBatch.versions``, which every batch must then carry) is reported."""
+    (``TrainBatch.versions``, which every batch must then carry) is reported. ``world``,
+    ``step_tokens``, ``step_sequences``: this rank's place in a data-parallel step and the whole
+    step's model tokens and sequences (module doc); by default one process and these batches."""
     if trainer_version is not None and any(b.versions is None for b in batches):
         raise ValueError(f"trainer_version={trainer_version} given, but a batch carries no sampler versions")
+    world = world or World()
     device = next(model.parameters()).device
-    num_tokens = float(sum(int(b.loss_mask.sum()) for b in batches))
-    num_sequences = float(step_sequences(batches))
+    num_tokens = float(step_tokens if step_tokens is not None else sum(int(b.loss_mask.sum()) for b in batches))
+    num_sequences = float(step_sequences if step_sequences is not None else count_sequences(batches))
+    scale = float(world.size)  # FSDP averages gradients over the ranks; N × each share sums them
     replay = None
     if config.router_replay != "off":
         replay = RouterReplay(model, config.router_replay, config.router_replay_threshold)
@@ -90,22 +108,30 @@ def train_step(
     log_ratios, versions = [], []  # [tokens] per micro-batch, for the step-wide statistics
     for batch in batches:
         batch = batch_to(batch, device)
+        # the shared-prefix forward (training.forward) sends gradient into a second forward of each
+        # layer through its key/value cache, past FSDP's backward hooks, which then find the
+        # layer's weights resharded; a sharded policy computes every row in full instead
         logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature,
-                                           top_p=top_p, top_k=top_k, replay=replay)
+                                           top_p=top_p, top_k=top_k, replay=replay,
+                                           share_prefix=not world.distributed)
         inputs = dataclasses.replace(
             LossInputs.from_batch(batch, logprobs, entropy), num_tokens=num_tokens, num_sequences=num_sequences
         )
         loss, metrics = rl_loss(inputs, config.loss, config.kl)
-        loss.backward()
+        (loss * scale if scale != 1 else loss).backward()
         total_loss += float(loss.detach())
         _merge(totals, metrics, metrics["tokens"])
         mask = batch.loss_mask.bool()
         log_ratios.append((logprobs.detach() - batch.sampler_logprobs)[mask])
         if trainer_version is not None:
             versions.append(batch.versions[mask])
+    for _ in range(world.max(len(batches)) - len(batches)):
+        padding_forward(model, device)
+    if world.distributed:
+        total_loss, totals, log_ratios, versions = merge_ranks(world, total_loss, totals, log_ratios, versions, replay)
     parameters = [p for p in model.parameters() if p.grad is not None]
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    grad_norm = clip_gradients(parameters, max_norm)
     if not torch.isfinite(torch.tensor(grad_norm)):
         raise FloatingPointError(
             f"non-finite gradient norm ({grad_norm}); the step was not applied. Lower rl.lr or enable rl.grad_clip"
@@ -128,3 +154,38 @@ def train_step(
     metrics["grad_norm"] = grad_norm
     metrics["micro_batches"] = float(len(batches))
     return total_loss, metrics
+
+
+def padding_forward(model: torch.nn.Module, device: torch.device) -> None:
+    """A forward and backward that adds nothing to any gradient: a rank with fewer micro-batches
+    than another runs these, because FSDP gathers every layer's weights collectively."""
+    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+    logits = model(input_ids=ids, logits_to_keep=1).logits
+    (logits.float().sum() * 0.0).backward()
+
+
+def merge_ranks(world: World, total_loss: float, totals: dict[str, float], log_ratios: list[torch.Tensor],
+                versions: list[torch.Tensor], replay: RouterReplay | None):
+    """Every rank's loss, metric sums, log-ratios, versions and replay counts, combined as one
+    process would have computed them over all the rows (``_merge``'s rules; counts add up)."""
+    local = (total_loss, totals, [t.cpu() for t in log_ratios], [t.cpu() for t in versions],
+             None if replay is None else replay.stats)
+    merged_totals: dict[str, float] = {}
+    all_ratios, all_versions, loss = [], [], 0.0
+    if replay is not None:
+        replay.stats = ReplayStats.zeros(len(replay.stats.replayed))
+    for rank_loss, rank_totals, rank_ratios, rank_versions, rank_stats in world.gather(local):
+        loss += rank_loss
+        for name, value in rank_totals.items():
+            if name == "ratio_max":
+                merged_totals[name] = max(merged_totals.get(name, value), value)
+            elif name == "ratio_min":
+                merged_totals[name] = min(merged_totals.get(name, value), value)
+            else:  # sums: tokens, and token-weighted metric sums
+                merged_totals[name] = merged_totals.get(name, 0.0) + value
+        all_ratios += rank_ratios
+        all_versions += rank_versions
+        if replay is not None:
+            for field in ("replayed", "replaced", "agreed"):
+                getattr(replay.stats, field).add_(getattr(rank_stats, field))
+    return loss, merged_totals, all_ratios, all_versions

@@ -17,6 +17,15 @@ Order of one step (docs/rl.md, "How a trainer calls them"):
 
 The trainer holds the policy, the reference and the optimizer; the loop (``rl.loop``) owns the
 task stream, rollouts, logging and checkpoints.
+
+**Data parallel** (``trainer.world_size > 1``, ``world``): the policy is sharded over the ranks
+with FSDP2 (``distributed.fsdp``), and so are its gradients and Adam's state. Rank 0 runs the whole
+loop (sampling, scoring with the unsharded reference, evaluation, logs, records, checkpoints); the
+other ranks only train, in ``follow``. Each of rank 0's collective calls (``train``, ``publish``,
+``state_dict``, ``load_state_dict``, ``full_model``, ``stop``) first broadcasts a command, so the
+followers enter the same collective. ``train`` sends every rank the step's scored rows; each takes
+its cost-balanced share (``distributed.balance``) and ``step.train_step`` makes the sum of the
+shares' gradients the single-process gradient.
 """
 
 from __future__ import annotations
@@ -30,6 +39,14 @@ import torch
 
 from opencomposer.agent.context import chain_metrics
 from opencomposer.config import Config, ConfigError
+from opencomposer.distributed.balance import split_rows
+from opencomposer.distributed.fsdp import (
+    full_model_state,
+    full_optimizer_state,
+    load_optimizer_state,
+    shard_model,
+)
+from opencomposer.distributed.runtime import World, current_world
 from opencomposer.model.routing import replayable_routers
 from opencomposer.rl.advantages import episode_advantages
 from opencomposer.rl.kl import sequence_kl_penalty
@@ -64,14 +81,18 @@ class Trainer:
     """Scores groups and trains the policy on them (see module doc)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Config,
-                 reference: torch.nn.Module | None = None):
+                 reference: torch.nn.Module | None = None, world: World | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self.rl = config.rl
+        self.world = world or current_world()  # the launched group's, when there is one
         self.reference = reference
-        if self.rl.kl.reference == "initial" and reference is None:
-            self.reference = frozen_copy(model)
+        if self.rl.kl.reference == "initial" and reference is None and self.world.main:
+            self.reference = frozen_copy(model)  # scoring runs on rank 0 only
+        # rank 0 keeps an unsharded copy, refreshed from the shards, for checkpoints and the sampler
+        self.host = copy.deepcopy(model) if self.world.distributed and self.world.main else None
+        shard_model(model, self.world)
         # full-parameter Adam, no weight decay (report §4.1; rl.step)
         self.optimizer = build_optimizer(model, lr=self.rl.lr, betas=tuple(self.rl.adam_betas), eps=self.rl.adam_eps)
         self.updates = 0  # optimizer steps applied (skipped steps do not count); drives the warm-up
@@ -196,25 +217,79 @@ class Trainer:
                 versions = np.concatenate([row.versions[row.loss_mask] for row in scored.rows])
                 metrics.update(staleness_metrics(torch.from_numpy(versions), version))
             return 0.0, metrics
-        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(scored.rows, self.rl.micro_batch_tokens)]
         lr = self.learning_rate(self.updates)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        loss, metrics = train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,
-                                   top_p=self.top_p, top_k=self.top_k, trainer_version=version)
+        self._command("train", scored.rows, version, lr)
+        loss, metrics = self._train_rows(scored.rows, version, lr)
         self.updates += 1
         metrics["skipped"] = 0.0
         metrics["lr"] = lr
         return loss, metrics
 
+    def _train_rows(self, rows: list[SequenceRow], version: int | None, lr: float) -> tuple[float, dict[str, float]]:
+        """``train_step`` on this rank's share of ``rows`` (all of them in a single process)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        world, counts = self.world, {}
+        if world.distributed:
+            counts = {"step_tokens": float(sum(row.model_tokens for row in rows)),
+                      "step_sequences": float(len({row.episode for row in rows if row.model_tokens}))}
+            rows = split_rows(rows, world.size)[world.rank]
+        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(rows, self.rl.micro_batch_tokens)]
+        return train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,
+                          top_p=self.top_p, top_k=self.top_k, trainer_version=version, world=world, **counts)
+
     def publish(self, engine: Any, version: int) -> None:
         """Push the policy's weights into the sampler, tagged with ``version``."""
-        engine.load_weights({k: v.detach() for k, v in self.model.state_dict().items()}, version)
+        self._command("publish")
+        engine.load_weights(full_model_state(self.model, self.world), version)
 
     # ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        """Adam's state (in the single-process layout at any world size) and the update count."""
+        self._command("state_dict")
+        return {"optimizer": full_optimizer_state(self.model, self.optimizer, self.world), "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._command("load_state_dict")
+        load_optimizer_state(self.model, self.optimizer, state["optimizer"], self.world)
         self.updates = int(state.get("updates", 0))
+
+    def full_model(self) -> torch.nn.Module:
+        """The policy with every weight whole, for checkpoints: the model itself in a single
+        process, rank 0's host copy (refreshed from the shards) under data parallelism."""
+        if not self.world.distributed:
+            return self.model
+        self._command("full_model")
+        self.host.load_state_dict(full_model_state(self.model, self.world))
+        return self.host
+
+    # ------------------------------------------------------------------------------------------
+    def _command(self, name: str, *args: Any) -> None:
+        """Rank 0: tell the followers which collective comes next (module doc)."""
+        if self.world.distributed:
+            if not self.world.main:
+                raise RuntimeError(f"Trainer.{name} is called by rank 0; rank {self.world.rank} runs follow()")
+            self.world.broadcast((name, args))
+
+    def stop(self) -> None:
+        """Rank 0: release the followers (their ``follow`` returns)."""
+        self._command("stop")
+
+    def follow(self) -> None:
+        """Ranks > 0: run rank 0's collectives as its commands arrive, until ``stop``."""
+        while True:
+            name, args = self.world.broadcast(None)
+            if name == "stop":
+                return
+            if name == "train":
+                self._train_rows(*args)
+            elif name == "publish":
+                full_model_state(self.model, self.world)
+            elif name == "state_dict":
+                full_optimizer_state(self.model, self.optimizer, self.world)
+            elif name == "load_state_dict":
+                load_optimizer_state(self.model, self.optimizer, None, self.world)
+            elif name == "full_model":
+                full_model_state(self.model, self.world)
+            else:
+                raise RuntimeError(f"rank {self.world.rank}: unknown trainer command {name!r} from rank 0")

@@ -1,0 +1,121 @@
+"""FSDP2 sharding of a policy, and full state dicts in the single-process layout.
+
+``shard_model`` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer and then to
+the whole model: each rank holds 1/N of every parameter, and therefore 1/N of its gradient and of
+Adam's moments (the optimizer is built on the sharded parameters). A layer's parameters are
+gathered just before its forward and backward and freed after; gradients are reduce-scattered
+(averaged over the ranks) as backward leaves each layer.
+
+**Checkpoints gather full state dicts on rank 0** (``full_model_state``, ``full_optimizer_state``)
+rather than writing ``torch.distributed.checkpoint`` shards: the weights go into the same Hugging
+Face folder and Adam's state into the same ``trainer.pt``, keyed by parameter index exactly as a
+single process's ``optimizer.state_dict()`` is, so a run checkpointed at one world size resumes
+at any other and every tool that reads a checkpoint keeps working. The cost is that rank 0 holds
+one full copy in CPU memory while writing; sharded (DCP) checkpoints are the step beyond this
+for models that do not fit one host's memory (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from opencomposer.distributed.runtime import World
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (``model.model.layers``), if it has them."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def shard_model(model: torch.nn.Module, world: World) -> torch.nn.Module:
+    """Shard ``model`` in place over ``world`` with FSDP2 (module doc); a no-op for one process."""
+    if not world.distributed:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model.to(world.device)
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _full_options(**extra: Any):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
+
+
+def full_model_state(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
+    """The unsharded ``state_dict`` of ``model`` on rank 0 (on the CPU), ``{}`` on the other ranks.
+    Collective: every rank must call it."""
+    if not world.distributed:
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options())
+
+
+def _parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of the optimizer's parameters, in the order ``optimizer.state_dict()`` numbers them."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict[str, Any]:
+    """The optimizer's unsharded state on rank 0, keyed by parameter index as a single process's
+    ``optimizer.state_dict()`` is (``{}`` on the other ranks). Collective."""
+    if not world.distributed:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    by_name = get_optimizer_state_dict(model, optimizer, options=_full_options())
+    if not world.main:
+        return {}
+    index = {name: i for i, name in enumerate(_parameter_names(model, optimizer))}
+    # hyperparameters as ``optimizer.state_dict()`` writes them (the state-dict helpers turn tuples
+    # such as ``betas`` into lists, also in the groups of an optimizer they loaded), parameters by index
+    return {
+        "state": {index[name]: value for name, value in by_name["state"].items()},
+        "param_groups": [{**{k: tuple(v) if isinstance(v, list) else v for k, v in own.items() if k != "params"},
+                          "params": [index[name] for name in group["params"]]}
+                         for own, group in zip(optimizer.param_groups, by_name["param_groups"], strict=True)],
+    }
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any] | None,
+                         world: World) -> None:
+    """Load a state written by ``full_optimizer_state`` (at any world size) into the sharded
+    optimizer: rank 0 passes it, the other ranks ``None``, and each keeps its shard. Collective."""
+    if not world.distributed:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    by_name: dict[str, Any] = {}
+    if world.main:
+        if state is None:
+            raise ValueError("load_optimizer_state: rank 0 must pass the saved optimizer state")
+        names = _parameter_names(model, optimizer)
+        if len(state["state"]) > len(names):
+            raise ValueError(f"optimizer state has {len(state['state'])} parameters, the model {len(names)}")
+        by_name = {
+            "state": {names[int(i)]: value for i, value in state["state"].items()},
+            "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
+                             for group in state["param_groups"]],
+        }
+    set_optimizer_state_dict(model, optimizer, by_name, options=_full_options(broadcast_from_rank0=True))
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the global gradient norm (over every rank's shards) to ``max_norm``; return the norm
+    before clipping, a Python float equal on every rank."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if full is not None else norm)

@@ -1,0 +1,180 @@
+"""Who this process is in the trainer's process group, and how the group starts.
+
+Two ways to run N data-parallel ranks (``trainer.world_size = N``):
+
+- **spawned by the command**: ``opencomposer rl`` / ``pretrain`` with ``--set trainer.world_size=N``
+  calls ``launch``, which starts N processes (``torch.multiprocessing.spawn``) on this machine,
+  with a rendezvous on ``127.0.0.1:trainer.master_port``; rank 0's return value comes back to the
+  caller;
+- **under torchrun** (or any launcher that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+  ``MASTER_PORT``): ``launch`` joins the group the environment describes and runs the function
+  once in this process; ``trainer.world_size`` must be 1 (take the launcher's) or equal it.
+
+The backend is ``gloo`` on CPU and ``nccl`` on CUDA (``trainer.backend = "auto"``); each CUDA rank
+uses the GPU of its ``LOCAL_RANK``. ``World`` wraps the few collectives the trainers use, so the
+single-process case (``World.size == 1``, no process group) runs the same code without any.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opencomposer.config import Config, ConfigError
+
+ENV_KEYS = ("RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the data-parallel group; ``size == 1`` means no group at all."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the rank that samples, evaluates and writes (records, metrics, checkpoints)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            torch.distributed.barrier()
+
+    def broadcast(self, obj: Any = None) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled; for commands and rows, not for weights)."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.main else None]
+        torch.distributed.broadcast_object_list(box, src=0, device=self._object_device)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def max(self, value: int) -> int:
+        """The largest ``value`` over the ranks."""
+        if not self.distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64, device=self._object_device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return int(tensor.item())
+
+    @property
+    def _object_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+
+def single_process(device: torch.device | str = "cpu") -> World:
+    return World(device=torch.device(device))
+
+
+def current_world() -> World:
+    """The ``World`` of an initialised default process group, or the single process."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return single_process()
+    local = int(os.environ.get("LOCAL_RANK", torch.distributed.get_rank()))
+    device = torch.device("cuda", local) if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+    return World(torch.distributed.get_rank(), torch.distributed.get_world_size(), local, device)
+
+
+def under_launcher() -> bool:
+    """True when a launcher (torchrun) set this process's rank and world size."""
+    return all(key in os.environ for key in ENV_KEYS)
+
+
+def _device_and_backend(config: Config, local_rank: int) -> tuple[torch.device, str]:
+    from opencomposer.model.device import resolve_device
+
+    device = torch.device(resolve_device(config.run.device))
+    backend = config.trainer.backend
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError('trainer.backend = "nccl" needs CUDA; this run trains on the CPU (run.device), use "gloo"')
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device, backend
+
+
+def join_group(config: Config) -> World:
+    """Initialise the default process group from the environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``) and return this process's ``World``."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if config.trainer.world_size not in (1, size):
+        raise ConfigError(f"trainer.world_size = {config.trainer.world_size}, but the launcher started "
+                          f"WORLD_SIZE = {size} processes; set trainer.world_size = {size} (or leave it at 1)")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device, backend = _device_and_backend(config, local)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend, rank=rank, world_size=size,
+                                             device_id=device if device.type == "cuda" else None)
+    return World(rank, size, local, device)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawned(rank: int, fn: Callable[..., Any], config: Config, args: tuple, port: int, result: str) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(config.trainer.world_size),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    world = join_group(config)
+    try:
+        value = fn(world, config, *args)
+        if world.main:
+            Path(result).write_bytes(pickle.dumps(value))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def launch(fn: Callable[..., Any], config: Config, *args: Any) -> Any:
+    """Run ``fn(world, config, *args)`` on every rank of the trainer's group and return rank 0's
+    value (``None`` on other ranks of a torchrun group). See the module doc for the three cases:
+    under a launcher, spawned (``trainer.world_size > 1``), or in this process alone."""
+    # [parallel] refuses cp / ep > 1 at load time; a config built around that check still stops here
+    if config.parallel.cp != 1 or config.parallel.ep != 1:
+        raise ConfigError(f"parallel.cp = {config.parallel.cp}, parallel.ep = {config.parallel.ep}: only data "
+                          "parallelism is implemented (trainer.world_size); set both to 1")
+    if under_launcher():
+        world = join_group(config)
+        try:
+            value = fn(world, config, *args)
+        finally:
+            torch.distributed.destroy_process_group()
+        return value if world.main else None
+    size = config.trainer.world_size
+    if size == 1:
+        device, _ = _device_and_backend(config, 0)
+        return fn(World(device=device), config, *args)
+    if config.trainer.backend != "gloo" and torch.cuda.is_available() and torch.cuda.device_count() < size \
+            and config.run.device != "cpu":
+        raise ConfigError(f"trainer.world_size = {size} on CUDA needs {size} GPUs; "
+                          f"{torch.cuda.device_count()} are visible")
+    port = config.trainer.master_port or free_port()
+    with tempfile.TemporaryDirectory(prefix="opencomposer-launch-") as folder:
+        result = Path(folder) / "rank0.pkl"
+        torch.multiprocessing.spawn(_spawned, args=(fn, config, args, port, str(result)), nprocs=size, join=True)
+        return pickle.loads(result.read_bytes()) if result.exists() else None

@@ -1,0 +1,62 @@
+"""Data-parallel pretraining equals the single process: two ``pretrain`` steps at world size 2
+(gloo, two CPU processes, FSDP2) give the same losses, gradient norms and weights as world size 1.
+The model's load-balancing loss is switched off: it is computed per rank (module doc of
+``pretrain.cpt``), the one term that is not the single-process one by design."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+
+import pytest
+import torch
+
+from opencomposer.config import PretrainConfig
+from opencomposer.distributed.runtime import World, free_port
+from opencomposer.pretrain.cpt import pretrain
+
+PRETRAIN = PretrainConfig(batch_size=3, seq_len=32, max_steps=2, lr=3e-3, warmup_steps=0, eval_batches=0,
+                          log_every=1, grad_clip=0.5)
+
+
+def _rank(rank: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
+            model, tokenizer, files = pickle.load(f)
+        world = World(rank, 2)
+        result = pretrain(model, tokenizer, files, [], PRETRAIN, progress=False, world=world)
+        from opencomposer.distributed.fsdp import full_model_state
+
+        weights = full_model_state(model, world)
+        if rank == 0:
+            with open(os.path.join(folder, "out.pkl"), "wb") as f:
+                pickle.dump((result.history, weights), f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_corpus, tmp_path):
+    from opencomposer.model.loading import load_model
+    from tests.training.test_forward import SMALL
+
+    model = load_model(SMALL, tiny_tokenizer, seed=7)[0]
+    model.config.router_aux_loss_coef = 0.0
+    files = code_corpus.train[:20]
+    with open(tmp_path / "inputs.pkl", "wb") as f:
+        pickle.dump((copy.deepcopy(model), tiny_tokenizer, files), f)
+    torch.multiprocessing.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
+
+    single = pretrain(model, tiny_tokenizer, files, [], PRETRAIN, progress=False)
+    assert len(history) == len(single.history) == 2
+    for got, want in zip(history, single.history, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+        assert got["tokens"] == want["tokens"]
+    assert single.history[0]["grad_norm"] > PRETRAIN.grad_clip  # clipping was active
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)

@@ -1,0 +1,114 @@
+"""Data-parallel RL training equals the single process: one ``Trainer.train`` step at world size 2
+(gloo, two CPU processes, FSDP2) gives the same loss, metrics, updated weights and Adam state as
+world size 1 on the same rows, starting from a single-process checkpoint state, and writes Adam's
+state in the single-process layout (so checkpoints move between world sizes)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from opencomposer.config import Config
+from opencomposer.distributed.balance import row_cost, split_rows
+from opencomposer.distributed.runtime import World, free_port
+from opencomposer.rl.trainer import ScoredStep, Trainer
+from opencomposer.training.packing import episode_rows
+
+TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=0)
+
+
+def config() -> Config:
+    cfg = Config()
+    cfg.rl.kl.reference = "none"
+    cfg.rl.lr = 1e-3
+    cfg.rl.grad_clip = 0.05  # small enough to clip: the global norm must be the same on both sides
+    cfg.rl.micro_batch_tokens = 160  # several micro-batches, a different count on each rank
+    cfg.rl.loss.token_budget = 64
+    return cfg
+
+
+def make_rows(seed: int, advantages: list[float]):
+    from tests.rl.test_trainer import episode
+
+    rng = np.random.default_rng(seed)
+    episodes = [episode(rng, 1.0 if a > 0 else 0.0, n_model=int(rng.integers(3, 12))) for a in advantages]
+    return episode_rows(episodes, advantages)
+
+
+def _rank(rank: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
+            model, state, rows = pickle.load(f)
+        trainer = Trainer(model, TOKENIZER, config(), world=World(rank, 2))
+        if rank:
+            trainer.follow()
+            return
+        trainer.load_state_dict(state)
+        loss, metrics = trainer.train(ScoredStep(rows=rows))
+        out = {"loss": loss, "metrics": metrics, "state": trainer.state_dict(),
+               "weights": {k: v.clone() for k, v in trainer.full_model().state_dict().items()}}
+        trainer.stop()
+        with open(os.path.join(folder, "out.pkl"), "wb") as f:
+            pickle.dump(out, f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def small_model(tiny_tokenizer):
+    from opencomposer.model.loading import load_model
+    from tests.training.test_forward import SMALL
+
+    return load_model(SMALL, tiny_tokenizer, seed=5)[0]
+
+
+def test_split_rows_balances_cost_and_keeps_every_row_once():
+    lengths = [900, 850, 100, 90, 80, 70, 60, 50]
+    shares = split_rows(list(range(8)), 2, lengths=lengths)
+    assert sorted(shares[0] + shares[1]) == list(range(8))
+    # costs n + n²/1024: 1691, 1556, 110, 98, 86, 75, 64, 52; greedy, costliest first, to the lighter
+    # rank: loads 1840.7 and 1890.5, the two long rows on different ranks
+    assert shares == [[0, 4, 6], [1, 2, 3, 5, 7]]
+    assert row_cost(900) == pytest.approx(900 + 900**2 / 1024)
+
+
+def test_rl_train_step_at_world_size_2_equals_world_size_1(small_model, tmp_path):
+    first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
+    second = make_rows(2, [0.7, -0.3, -0.4, 0.6, -0.2, -0.4])
+    single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
+    single.train(ScoredStep(rows=copy.deepcopy(first)))  # Adam state to start the compared step from
+    start_model, start_state = copy.deepcopy(single.model), copy.deepcopy(single.state_dict())
+    with open(tmp_path / "inputs.pkl", "wb") as f:
+        pickle.dump((start_model, start_state, second), f)
+    torch.multiprocessing.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    out = pickle.loads((tmp_path / "out.pkl").read_bytes())
+
+    loss, metrics = single.train(ScoredStep(rows=copy.deepcopy(second)))
+    assert metrics["grad_norm"] > config().rl.grad_clip  # clipping was active
+    assert out["loss"] == pytest.approx(loss, rel=1e-5)
+    for name in ("tokens", "grad_norm", "neg_logprob", "entropy", "ratio_mean", "mismatch_kl", "ratio_max"):
+        assert out["metrics"][name] == pytest.approx(metrics[name], rel=1e-4), name
+    assert out["metrics"]["micro_batches"] < metrics["micro_batches"]  # each rank ran a share
+    weights = single.model.state_dict()
+    moved = 0.0
+    for name, value in weights.items():
+        torch.testing.assert_close(out["weights"][name], value, rtol=1e-4, atol=1e-6, msg=name)
+        moved = max(moved, float((value - start_model.state_dict()[name]).abs().max()))
+    assert moved > 1e-4  # the step changed the weights, so equality is not vacuous
+    expected = single.state_dict()
+    assert out["state"]["updates"] == expected["updates"] == 2
+    got, want = out["state"]["optimizer"], expected["optimizer"]
+    assert got["param_groups"] == want["param_groups"]  # the single-process layout, index for index
+    assert sorted(got["state"]) == sorted(want["state"])
+    for index, slots in want["state"].items():
+        for slot, value in slots.items():
+            torch.testing.assert_close(got["state"][index][slot], value, rtol=1e-4, atol=1e-7)
