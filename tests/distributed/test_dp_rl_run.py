@@ -1,0 +1,42 @@
+"""``opencomposer rl`` at ``trainer.world_size = 2`` end to end (gloo, 2 processes, the tiny recipe):
+the same run folder layout, the same exactly-once record and the same weights as world size 1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.bwrap]
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "rl-tiny.toml"
+SHRUNK = ["model.path=", "rl.steps=2", "rl.batch_tasks=2", "rl.group_size=4", "rl.eval_every=0",
+          "rl.checkpoint_every=2", "sampling.max_new_tokens=24"]
+
+
+def run(tmp_path: Path, world_size: int) -> Path:
+    name = f"ws{world_size}"
+    sets = [a for s in [*SHRUNK, f"run.out_dir={tmp_path}", f"run.name={name}", f"trainer.world_size={world_size}"]
+            for a in ("--set", s)]
+    subprocess.run([sys.executable, "-m", "opencomposer.cli", "rl", "--recipe", str(RECIPE), *sets], check=True,
+                   timeout=900)
+    return tmp_path / name
+
+
+def files(run_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file() and "tb" not in p.parts)
+
+
+def test_an_rl_run_at_world_size_2_equals_world_size_1(tmp_path: Path):
+    from safetensors.torch import load_file
+
+    one, two = run(tmp_path, 1), run(tmp_path, 2)
+    assert files(one) == files(two)
+    a = load_file(one / "checkpoints/step-000002/model/model.safetensors")
+    b = load_file(two / "checkpoints/step-000002/model/model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-6 for k in a)
+    record = [json.loads((d / "checkpoints/step-000002/state.json").read_text())["trained"] for d in (one, two)]
+    assert record[0] == record[1] and len(record[0]) == 4
