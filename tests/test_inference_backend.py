@@ -84,6 +84,9 @@ def test_make_engine_local_and_vllm(tiny, vllm_stand_in):
     local = make_engine(Config(), model, tokenizer, policy_version=4, copy_model=True)
     assert isinstance(local, LocalEngine) and local.policy_version == 4 and local.model is not model
     assert make_engine(InferenceConfig(), model, tokenizer).model is model
+    assert local.prefix_cache is None  # off unless inference.prefix_cache_tokens asks for it
+    cached = make_engine(InferenceConfig(prefix_cache_tokens=4096), model, tokenizer)
+    assert cached.prefix_cache is not None and cached.prefix_cache.max_tokens == 4096
     engine = make_engine(_vllm_config(), model, tokenizer, policy_version=2, for_training=True)
     assert engine is vllm_stand_in[-1] and engine.policy_version == 2 and engine.config.backend == "vllm"
     with pytest.raises(TypeError, match="Config or an InferenceConfig"):

@@ -42,6 +42,12 @@ class InferenceConfig(Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """vLLM: dtype of the weights and activations; ``auto`` takes the checkpoint's
     (``model.dtype``). The trainer's weights are cast to it on every update."""
+    prefix_cache_tokens: int = 0
+    """local: context positions the ``LocalEngine`` keeps across calls, so an agent's next call
+    (its context plus the new tool output, or the self-summary request) prefills only the new
+    tokens; 0 turns it off. Reuse agrees with a fresh prefill to float rounding, not bit for bit, so
+    runs that must reproduce exactly leave it off (``inference.local``; docs/LOG.md measures it).
+    Memory: SmolLM2 in float32 keeps ~45 KiB per position."""
     http_base_url: str = ""
     """http: the server's OpenAI API root, such as ``http://127.0.0.1:8000/v1``."""
     http_model: str = ""
@@ -54,6 +60,8 @@ class InferenceConfig(Section):
             )
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"inference.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+        if self.prefix_cache_tokens < 0:
+            raise ConfigError(f"inference.prefix_cache_tokens: must be >= 0 (0 = off), got {self.prefix_cache_tokens}")
         if self.max_model_len < 0:
             raise ConfigError(f"inference.max_model_len: must be >= 0 (0 = the model's limit), got {self.max_model_len}")
         if self.backend == "http" and not self.http_base_url:

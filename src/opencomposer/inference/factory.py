@@ -35,6 +35,7 @@ def make_engine(config: Any, model: Any, tokenizer: Any, *, policy_version: int 
         from opencomposer.inference.local import LocalEngine
 
         engine_model = copy.deepcopy(model).eval() if copy_model else model
+        local_options.setdefault("prefix_cache_tokens", inference.prefix_cache_tokens)
         return LocalEngine(engine_model, tokenizer, policy_version=policy_version, **local_options)
     numerics = getattr(getattr(config, "numerics", None), "recipe", "bf16")
     if numerics != "bf16":

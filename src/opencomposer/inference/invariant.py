@@ -40,6 +40,16 @@ model's softmax / top-k / renormalisation), and the chosen experts go to the ``R
 the routes of each prompt's prefill (through the model's own router modules) are taken row by row
 into ``InvariantDecoder.prompt_routes``.
 
+**Reused prefixes.** ``prefill`` can start a prompt from the keys and values of its first
+positions computed by an earlier call (a ``Prefix``, from ``LocalEngine``'s prefix cache) and run
+only the rest of the prompt, attending to those keys; the prefix's recorded routes stand in for
+the routes of its positions, so ``prompt_routes`` still covers the whole prompt. ``row_prefix``
+copies a row's keys and values out of the decode cache for the engine to store. A reused prefix
+changes rounding, not results: its keys and values were written by an earlier prefill and by
+decode steps (``tiled_linear``), where a fresh prefill of the same tokens would compute them with
+one ``F.linear`` over the whole prompt, so the logits agree with a fresh prefill to float32
+rounding, not bit for bit (see ``inference.local``).
+
 What it guarantees: with the same weights, torch build and thread count, a (prompt, seed) pair
 gives the same tokens, log-probabilities (bit for bit) and routes whatever else is in the call.
 What it does not: equality with the fast path (``LeanDecoder``) or with the transformers forward,
@@ -53,6 +63,7 @@ machine it runs on.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -183,6 +194,21 @@ class _BlockCache:
         self.v[rows, :, index] = v
 
 
+@dataclass(frozen=True)
+class Prefix:
+    """The first ``length`` positions of a prompt, computed by an earlier call, to start its prefill from.
+
+    ``keys``, ``values``: one tensor per layer, ``[kv_heads, >= length, head_dim]`` (only the first
+    ``length`` slots are read, so one stored sequence serves every shorter prefix of itself);
+    ``routes``: ``[>= length, moe_layers, top_k]`` expert indices of those positions, None for
+    dense models."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    routes: torch.Tensor | None
+    length: int
+
+
 class InvariantDecoder:
     """Prefill and decode whose every row is computed independently of the others (module doc).
 
@@ -209,9 +235,16 @@ class InvariantDecoder:
         self.cache: list[_BlockCache] = []
         self.prompt_routes: list[torch.Tensor] = []  # per prefilled row, [length, moe_layers, top_k]
 
-    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def prefill(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+        prefixes: list[Prefix | None] | None = None,
+    ) -> torch.Tensor:
         """Each row of the left-padded ``input_ids`` [rows, T] on its own; logits [rows, 1, V].
-        With a recorder on an MoE model, ``prompt_routes`` then holds each row's routes."""
+        With a recorder on an MoE model, ``prompt_routes`` then holds each row's routes.
+
+        ``prefixes`` (one per row, None where there is none): row ``r`` starts from the keys and
+        values of its first ``prefixes[r].length`` positions, which must be shorter than the row,
+        and only the rest of it is run (``_prefill_after``)."""
         lengths = mask.sum(dim=1).tolist()
         width = input_ids.shape[1]
         capacity = -(-(max(lengths) + 1) // BLOCK) * BLOCK
@@ -220,8 +253,20 @@ class InvariantDecoder:
         for r, length in enumerate(lengths):
             alone = LeanDecoder(self.model)
             ids = input_ids[r : r + 1, width - length :]
-            logits.append(alone.prefill(ids, torch.ones_like(ids), positions[r : r + 1, width - length :]))
-            routes = self.recorder.take(1, length) if self.recorder is not None else None
+            row_positions = positions[r : r + 1, width - length :]
+            prefix = prefixes[r] if prefixes is not None else None
+            if prefix is None:
+                logits.append(alone.prefill(ids, torch.ones_like(ids), row_positions))
+                routes = self.recorder.take(1, length) if self.recorder is not None else None
+            else:
+                if not 0 < prefix.length < length:
+                    raise ValueError(f"prefill: a prefix of {prefix.length} positions for a row of {length}")
+                logits.append(self._prefill_after(alone, prefix, ids[:, prefix.length :],
+                                                  row_positions[:, prefix.length :]))
+                routes = self.recorder.take(1, length - prefix.length) if self.recorder is not None else None
+                if routes is not None:
+                    known = prefix.routes[: prefix.length].to(device=routes.device, dtype=routes.dtype)
+                    routes = torch.cat([known, routes[0]])[None]
             if routes is not None:
                 self.prompt_routes.append(routes[0])
             keys.append([kv.k[0, :, :length] for kv in alone.cache])
@@ -235,6 +280,35 @@ class InvariantDecoder:
                 v[r, :, :length] = values[r][layer]
             self.cache.append(_BlockCache(k, v))
         return torch.cat(logits)
+
+    def _prefill_after(
+        self, alone: LeanDecoder, prefix: Prefix, ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Run the rest of a row, ``ids`` [1, S] at ``positions`` (``prefix.length`` onwards), on
+        ``alone`` with its cache preloaded with the prefix; logits of the last position [1, 1, V].
+
+        The prefix's keys are copied into a buffer sized for the whole row, so the lean decoder
+        appends the new ones in place; the mask lets each new position see every prefix position
+        and the new ones up to itself. The lean decoder's own ``prefill`` builds a square causal
+        mask over its input, which cannot describe keys that precede the input, so this drives its
+        forward directly, the glue it shares with ``prefill``."""
+        start, width = prefix.length, ids.shape[1]
+        for kv, k, v in zip(alone.cache, prefix.keys, prefix.values):
+            kv.k = k.new_empty(1, k.shape[0], start + width, k.shape[2])
+            kv.v = v.new_empty(1, v.shape[0], start + width, v.shape[2])
+            kv.k[0, :, :start] = k[:, :start]
+            kv.v[0, :, :start] = v[:, :start]
+            kv.length = start
+        attend = torch.ones(width, start + width, dtype=torch.bool, device=ids.device).tril(diagonal=start)
+        return alone._forward(ids, positions, attend[None, None], last_only=True)
+
+    def row_prefix(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of the keys and values of the first ``length`` positions of cache row ``row``,
+        one ``[kv_heads, length, head_dim]`` tensor per layer each (copies, so that a stored
+        prefix does not keep the whole batch's cache alive)."""
+        keys = [kv.k[row, :, :length].clone() for kv in self.cache]
+        values = [kv.v[row, :, :length].clone() for kv in self.cache]
+        return keys, values
 
     def step(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``token_ids``, ``positions`` [rows, 1]); logits [rows, 1, V]."""

@@ -57,20 +57,68 @@ in-place copy is all a switch takes. The batch-invariance guarantee holds for a 
 of weights: with the same update applied before the same decode step, a row is what it would
 be in any batch; the step at which an update lands depends on the caller's timing.
 
+**Prefix cache** (``prefix_cache_tokens > 0``; off by default, and then nothing above changes).
+An agent's next call extends its previous one: its prompt is the previous prompt, the sampled
+completion and a few new tokens (a tool's output, or the self-summary request appended to the
+live context). The engine keeps the keys and values of the sequences it ran, so such a prompt
+prefills only the new tokens:
+
+- *What is stored.* When a row leaves the batch (compacted out, or at the end of the chunk), the
+  keys and values of every position it has fed (its prompt and the sampled tokens fed back) are
+  copied out of the decode cache, with the routes of those positions for MoE models, under the
+  exact token sequence (``PrefixCache``). ``prefix_cache_tokens`` bounds the positions held in
+  all; the least recently used entries are evicted first. A sequence that is a prefix of a stored
+  one is not stored twice, and a new sequence replaces the stored ones it extends. Entries stay
+  on the model's device, ``2 * layers * kv_heads * head_dim`` numbers a position (SmolLM2-135M in
+  float32: 45 KiB, so 16k positions take 720 MiB).
+- *What is reused.* Before a prompt's prefill, the stored sequence sharing the longest common
+  prefix with it is looked up; if that is at least ``MIN_PREFIX_TOKENS`` long, the prefill starts
+  from its keys and values and runs only the rest of the prompt (at least its last token, whose
+  logits start the sampling). A common prefix, not only a whole stored sequence, qualifies: the
+  keys and values of a position depend only on the tokens up to it, so a prompt that follows a
+  completion cut short (``inference.batching`` cuts a request back to its own cap) or re-rendered
+  differently from some point on still reuses everything before that point. The ``n`` samples of
+  a prompt still share one prefill, and ``prompt_routed_experts`` still covers the whole prompt
+  (the stored routes for the reused positions).
+- *Validity.* Keys and values belong to the weights that computed them. Every copy of new weights
+  into the model (``load_weights`` with nothing generating, or an in-flight update applied
+  between forwards) empties the cache; a row is stored only if no weights were copied in since
+  its chunk's prefill began, so every stored position was computed under one version, the
+  current one. (A staged update that has not been applied yet leaves the cache as it is: the
+  model still runs the weights it was computed with.)
+- *Where.* Only the batch-invariant decoder (Llama/Qwen-style models, the tiny MoE included)
+  prefills prompt by prompt and keeps each row's keys at its own positions, which is what
+  reusing a row's cache takes; ``batch_invariant=False``, converted ([numerics]) models and other
+  architectures (DeepSeek-V3, through ``HFDecoder``) run without it (``prefix_cache`` is None).
+- *Numerics.* Reuse changes rounding, not results: the reused keys and values of a completion
+  were written one token at a time by decode steps (fixed-shape tiled matmuls), those of the
+  previous prompt by its own prefill, where a fresh prefill would compute all of them in one
+  forward over the whole prompt. Logits therefore agree with a fresh prefill to float32 rounding
+  (``tests/inference/test_prefix_cache.py``: greedy tokens identical, log-probabilities within
+  1e-4), not bit for bit, and the batch-invariance guarantee above becomes: a row does not depend
+  on what shares its batch, but it may depend, at that rounding level, on which earlier calls
+  left a prefix in the cache (with the batching front-end, on their timing and on evictions).
+  Runs that must reproduce bit for bit leave the cache off.
+- *Stats.* ``LocalEngine.stats`` counts the prompt positions prefilled
+  (``prefill_tokens``) and those served from the cache (``prefill_tokens_reused``), cache on or
+  off, for the agent loop's metrics and ``benchmarks/prefix_cache.py``.
+
 Not here: paged attention, continuous batching across calls, CUDA graphs (vLLM's job at scale).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from opencomposer.inference.decoders import HFDecoder, LeanDecoder, lean_supported
-from opencomposer.inference.invariant import InvariantDecoder
+from opencomposer.inference.invariant import InvariantDecoder, Prefix
 from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
 from opencomposer.model.routing import RouteRecorder, route_dtype
 from opencomposer.model.tokenizer import stop_token_ids
@@ -106,6 +154,138 @@ def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     return int(np.random.SeedSequence([seed, prompt_index, sample_index]).generate_state(1)[0])
 
 
+MIN_PREFIX_TOKENS = 16
+"""Shortest common prefix the prefix cache reuses: below it the saved positions are worth less
+than copying the stored keys into a fresh cache."""
+
+
+@dataclass
+class EngineStats:
+    """Prefill work of a ``LocalEngine`` since it was built (module doc, prefix cache).
+
+    Counts are per prompt, not per sample: the ``n`` samples of a prompt share one prefill.
+    ``prefill_tokens``: prompt positions run through the model (left padding not counted);
+    ``prefill_tokens_reused``: prompt positions whose keys and values came from the prefix cache
+    instead; ``prefills``: prompts prefilled; ``prefix_hits``: those that reused a stored prefix.
+    Read it before and after a call (``dataclasses.replace`` copies it) for that call's share."""
+
+    prefills: int = 0
+    prefix_hits: int = 0
+    prefill_tokens: int = 0
+    prefill_tokens_reused: int = 0
+
+    @property
+    def reused_fraction(self) -> float:
+        """Share of all prompt positions that were served from the cache."""
+        total = self.prefill_tokens + self.prefill_tokens_reused
+        return self.prefill_tokens_reused / total if total else 0.0
+
+
+class _Entry:
+    """One stored sequence: its tokens, keys and values (per layer ``[kv_heads, len, D]``) and
+    routes (``[len, moe_layers, top_k]``, None for dense models)."""
+
+    __slots__ = ("tokens", "keys", "values", "routes")
+
+    def __init__(self, tokens: np.ndarray, keys: list[torch.Tensor], values: list[torch.Tensor],
+                 routes: torch.Tensor | None):
+        self.tokens, self.keys, self.values, self.routes = tokens, keys, values, routes
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two token arrays."""
+    m = min(len(a), len(b))
+    differ = np.flatnonzero(a[:m] != b[:m])
+    return int(differ[0]) if differ.size else m
+
+
+class PrefixCache:
+    """Keys and values of token sequences the engine ran, for later prompts that extend them.
+
+    Holds at most ``max_tokens`` positions over all entries, evicting the least recently used
+    entry (stored or reused) first; an entry longer than that is not stored. Entries are keyed
+    by their exact token sequence; a lookup takes the entry sharing the longest common prefix
+    with the prompt (``MIN_PREFIX_TOKENS`` at least). ``epoch`` counts ``invalidate`` calls (one
+    per copy of new weights): an insert made with an older epoch is dropped, so nothing computed
+    under replaced weights is stored after they were replaced. Entries share no storage (n
+    samples of one prompt hold n copies of its keys); the lookup compares the prompt with every
+    entry, which costs microseconds per thousand stored positions. Thread-safe."""
+
+    def __init__(self, max_tokens: int, min_tokens: int = MIN_PREFIX_TOKENS):
+        if max_tokens < 1:
+            raise ValueError(f"PrefixCache: max_tokens must be positive, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.min_tokens = max(1, min_tokens)
+        self.tokens = 0  # positions held
+        self.epoch = 0
+        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def sequences(self) -> list[tuple[int, ...]]:
+        """The stored token sequences, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
+    def invalidate(self) -> None:
+        """Drop every entry (the weights they were computed with are gone) and start a new epoch."""
+        with self._lock:
+            self._entries.clear()
+            self.tokens = 0
+            self.epoch += 1
+
+    def lookup(self, prompt: Sequence[int]) -> Prefix | None:
+        """The longest stored prefix of ``prompt``, at most ``len(prompt) - 1`` positions (the
+        last one is always run, for its logits), or None below ``min_tokens``. Marks the entry
+        used."""
+        ids = np.asarray(prompt, dtype=np.int64)
+        best, best_length = None, 0
+        with self._lock:
+            for key, entry in self._entries.items():
+                if len(entry.tokens) <= best_length or entry.tokens[0] != ids[0]:
+                    continue
+                length = _common_prefix(entry.tokens, ids)
+                if length > best_length:
+                    best, best_length = key, length
+            best_length = min(best_length, len(ids) - 1)
+            if best is None or best_length < self.min_tokens:
+                return None
+            entry = self._entries[best]
+            self._entries.move_to_end(best)
+        return Prefix(entry.keys, entry.values, entry.routes, best_length)
+
+    def insert(self, tokens: Sequence[int], keys: list[torch.Tensor], values: list[torch.Tensor],
+               routes: torch.Tensor | None, epoch: int) -> bool:
+        """Store the keys and values of ``tokens`` (per layer ``[kv_heads, len(tokens), D]``) and
+        their routes, computed in ``epoch``; True if stored. Not stored: a stale epoch, a sequence
+        shorter than ``min_tokens`` or longer than ``max_tokens``, or one that a stored sequence
+        already starts with (that entry is marked used instead). Stored entries that the new
+        sequence extends are dropped, then the least recently used ones until it fits."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        if not self.min_tokens <= len(ids) <= self.max_tokens:
+            return False
+        with self._lock:
+            if epoch != self.epoch:
+                return False
+            common = {key: _common_prefix(entry.tokens, ids) for key, entry in self._entries.items()}
+            for key, length in common.items():
+                if length == len(ids):  # already covered
+                    self._entries.move_to_end(key)
+                    return False
+            for key, length in common.items():
+                if length == len(self._entries[key].tokens):  # the new sequence extends it
+                    self.tokens -= length
+                    del self._entries[key]
+            while self.tokens + len(ids) > self.max_tokens:
+                _, evicted = self._entries.popitem(last=False)
+                self.tokens -= len(evicted.tokens)
+            self._entries[tuple(ids.tolist())] = _Entry(ids, keys, values, routes)
+            self.tokens += len(ids)
+        return True
+
+
 class _Row:
     """Decoding state of one (prompt, sample) pair."""
 
@@ -137,12 +317,21 @@ class LocalEngine:
         policy_version: int = 0,
         compact_fraction: float = 0.25,
         batch_invariant: bool = True,
+        prefix_cache_tokens: int = 0,
     ):
         """``batch_invariant``: decode Llama/Qwen-style models with ``inference.invariant``, so that
         a row's result does not depend on its batch (see module doc); False takes the previous
         decoder, a shared left-padded prefill and ``LeanDecoder`` steps, 4-17% faster
         (docs/LOG.md, 2026-12-03), kept as the benchmark's reference. Other architectures always
-        run through their transformers forward and are not batch-invariant."""
+        run through their transformers forward and are not batch-invariant.
+
+        ``prefix_cache_tokens``: keep the keys and values of up to that many positions of earlier
+        calls, so that a prompt extending a previous prompt and completion prefills only its new
+        tokens (module doc, prefix cache); 0 (the default) keeps no cache and changes nothing.
+        Used by the batch-invariant decoder only; ``prefix_cache`` is None where it does not
+        apply."""
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -169,6 +358,9 @@ class LocalEngine:
         self._weights_lock = threading.Lock()
         self._staged: tuple[dict[str, torch.Tensor], int] | None = None  # waiting for the next forward
         self._generating = 0  # generate calls running
+        self.prefix_cache = (PrefixCache(prefix_cache_tokens)
+                             if prefix_cache_tokens and self.batch_invariant else None)
+        self.stats = EngineStats()
 
     # ------------------------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -202,6 +394,8 @@ class LocalEngine:
         with torch.no_grad():
             self.model.load_state_dict(state_dict, strict=False)
         self.policy_version = version
+        if self.prefix_cache is not None:  # its keys and values belong to the weights just replaced
+            self.prefix_cache.invalidate()
 
     def _apply_staged(self) -> None:
         """Apply a staged update, if any (the decode loop calls this between forwards)."""
@@ -284,12 +478,23 @@ class LocalEngine:
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
         stop_window = max((len(s) for s in params.stop), default=0) + 8
         dev = self.device
+        cache = self.prefix_cache
+        epoch = cache.epoch if cache is not None else 0  # weights the chunk's rows are computed with
+        prefixes = [cache.lookup(prompts[i]) for i in indices] if cache is not None else None
+        reused = sum(p.length for p in prefixes if p is not None) if prefixes is not None else 0
+        self.stats.prefills += len(indices)
+        self.stats.prefix_hits += sum(p is not None for p in prefixes) if prefixes is not None else 0
+        self.stats.prefill_tokens += sum(lengths) - reused
+        self.stats.prefill_tokens_reused += reused
         with RouteRecorder(self.model) as recorder:
             if self.batch_invariant:
                 decoder = InvariantDecoder(self.model, recorder)
             else:
                 decoder = LeanDecoder(self.model) if self.lean else HFDecoder(self.model)
-            logits = decoder.prefill(input_ids.to(dev), mask.to(dev), position_ids.to(dev))
+            if prefixes is not None:
+                logits = decoder.prefill(input_ids.to(dev), mask.to(dev), position_ids.to(dev), prefixes)
+            else:
+                logits = decoder.prefill(input_ids.to(dev), mask.to(dev), position_ids.to(dev))
             prompt_routes = self._prompt_routes(decoder, recorder, lengths, width)
             for row in rows:
                 row.prompt_routes = prompt_routes[row.slot // n]  # the n samples share one prefill
@@ -321,6 +526,9 @@ class LocalEngine:
                     break
                 dead = len(live) - len(needs_forward)
                 if dead and dead >= self.compact_fraction * len(live):
+                    if cache is not None:
+                        dropped = set(range(len(live))) - set(needs_forward)
+                        self._store_rows(decoder, [(k, live[k]) for k in sorted(dropped)], prompts, epoch)
                     keep = torch.tensor(needs_forward, device=dev)
                     decoder.select(keep)
                     live = [live[k] for k in needs_forward]
@@ -336,7 +544,32 @@ class LocalEngine:
                     row.position += 1
                     if routes is not None and len(row.routes) < len(row.tokens):
                         row.routes.append(routes[k])
+            if cache is not None:
+                self._store_rows(decoder, list(enumerate(live)), prompts, epoch)
         return [self._completion(row, first_version) for row in rows]
+
+    def _store_rows(
+        self, decoder: InvariantDecoder, rows: list[tuple[int, _Row]], prompts: list[list[int]], epoch: int
+    ) -> None:
+        """Put each ``(cache row, row)`` into the prefix cache: the positions it has fed, which
+        are its prompt and the sampled tokens fed back (a finished row that rode along was fed
+        its last token again after that, at a position past them)."""
+        for k, row in rows:
+            prompt = prompts[row.prompt_index]
+            length = min(row.position, len(prompt) + len(row.tokens))
+            if self.is_moe:
+                length = min(length, len(prompt) + len(row.routes))
+            if not self.prefix_cache.min_tokens <= length <= self.prefix_cache.max_tokens:
+                continue
+            tokens = (prompt + row.tokens)[:length]
+            routes = None
+            if self.is_moe:  # [length, moe_layers, top_k]: the prefill's, then those of the fed tokens
+                fed = row.routes[: length - len(prompt)]
+                routes = np.concatenate([row.prompt_routes, np.stack(fed).astype(self.route_dtype)]) if fed \
+                    else row.prompt_routes
+                routes = torch.from_numpy(routes)
+            keys, values = decoder.row_prefix(k, length)
+            self.prefix_cache.insert(tokens, keys, values, routes, epoch)
 
     def _prompt_routes(
         self, decoder: Any, recorder: RouteRecorder, lengths: list[int], width: int
