@@ -114,6 +114,7 @@ def test_a_continued_conversation_prefills_only_the_new_tokens(model):
     assert fresh.stats.prefill_tokens == cached.stats.prefill_tokens + cached.stats.prefill_tokens_reused
 
 
+@pytest.mark.slow  # ~1 minute of SmolLM2 on CPU; the random models above run the same logic in make test
 def test_a_continued_chat_on_smollm2_matches_a_fresh_prefill(smollm2):
     """A trained dense model: peaked logits, 30 layers of rounding in the reused keys."""
     model, tokenizer = smollm2
