@@ -151,7 +151,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, seed=0)
     model.float()
-    engine = LocalEngine(model, tokenizer)
+    # one episode at a time: the batch-invariant decoder's fixed tiles would pad each single row
+    engine = LocalEngine(model, tokenizer, batch_invariant=False)
     base = ["grading.lint=false", "sampling.temperature=0", f"sampling.max_new_tokens={args.compaction_tokens}",
             f"agent.summary_max_tokens={args.summary_tokens}", f"agent.compaction_max_tokens={args.compaction_tokens}"]
     config = load_recipe(None, base)
@@ -159,6 +160,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         specs = [tiny_spec(0, "heldout", i, "tiny-long") for i in range(args.tasks)]
         tasks = [write_tiny_task(Path(tmp) / f"task-{i}", spec) for i, spec in enumerate(specs)]
+        for task in tasks:  # the family's wall budget is sized for the tiny model, not a 135M one on a CPU
+            task.budgets.max_wall_s = None
         prompt, read = sizes(tasks, tokenizer, config)
         # a window that holds the prompt, a summary and about three reads; triggers after one read
         # of a fresh segment ("tight") and after two ("loose")
@@ -181,7 +184,8 @@ def main() -> None:
                            "status": episode.status.value, **measure(episode, spec.words),
                            "seconds": time.perf_counter() - started, "summary_texts": episode.summaries}
                     rows.append(row)
-                    print(f"{trigger_name:5s} {policy_name:12s} {task.id}: answerable {row['answerable']:.0f} "
+                    print(f"{trigger_name:5s} {policy_name:12s} {task.id} ({row['status']}): "
+                          f"answerable {row['answerable']:.0f} "
                           f"retention {row['retention']:.2f} spurious {row['spurious']:.2f} "
                           f"summary tokens {row['summary_tokens']:.0f} ({row['seconds']:.0f} s)")
     table = summarise(rows)
