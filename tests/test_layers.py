@@ -13,8 +13,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "opencomposer"
 
@@ -28,13 +26,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("agent",),
     ("envs",),
     ("tasks",),
-    ("training",),
+    ("training", "distributed"),
     ("rl", "pretrain", "bench"),
-    ("services", "distributed"),
+    ("services",),
     ("commands", "cli"),
 ]
 FOUNDATION = 0
-PLANNED = {"distributed"}  # in the table, not yet in the tree
+PLANNED: set[str] = set()  # in the table, not yet in the tree
 
 
 def layer_of(name: str) -> int:
@@ -144,7 +142,7 @@ def test_docs_show_the_same_table() -> None:
     assert documented_layers() == LAYERS
 
 
-@pytest.mark.parametrize("name", sorted(PLANNED))
-def test_planned_packages_are_marked_in_the_docs(name: str) -> None:
+def test_planned_packages_are_marked_in_the_docs() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text()
-    assert f"{name} (planned)" in text
+    for name in sorted(PLANNED):
+        assert f"{name} (planned)" in text, name

@@ -105,12 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("import", help="make task folders from HumanEval, SWE-bench or Harbor")
     _add_recipe_args(t)
     t.add_argument("format", choices=["humaneval", "swebench", "harbor"])
-    t.add_argument("source", nargs="?", help="SWE-bench instances JSON(L) or Harbor task folder(s)")
+    t.add_argument("source", nargs="?", help="SWE-bench instances (JSON, JSONL, parquet file or datasets name) "
+                                             "or Harbor task folder(s)")
     t.add_argument("--out", required=True, help="folder to create the task folders in")
-    t.add_argument("--repo", help="swebench: local git checkout of the instances' repository")
+    t.add_argument("--repo", help="swebench: local git checkout of the instances' repository, or a folder with "
+                                  "one checkout per repository")
     t.add_argument("--limit", type=int, help="humaneval: import only the first N problems")
     t.add_argument("--no-solutions", action="store_true", help="harbor: do not run solve.sh for a gold patch")
     t.add_argument("--overwrite", action="store_true", help="replace task folders that already exist")
+    t.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                   help="swebench, harbor: a folder of wheels the task environments install from (repeatable)")
+    t.add_argument("--python", metavar="VERSION", help="swebench: the Python version of the task environments")
     t.set_defaults(handler="opencomposer.commands.tasks:import_main")
     e = tsub.add_parser("export", help="write a suite as Harbor folders, or eval results as SWE-bench predictions")
     e.add_argument("format", choices=["harbor", "swebench"])
@@ -150,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("suite", help="folder of task folders")
     _add_recipe_flag(v, "--workers", "tasks.workers", "tasks checked in parallel", type=int)
     v.set_defaults(handler="opencomposer.commands.tasks:validate_main")
+    b = tsub.add_parser("build-env", help="build the [environment] of every task of a suite (or one task folder)")
+    _add_recipe_args(b)
+    b.add_argument("suite", metavar="DIR", help="a task folder or a folder of task folders")
+    b.set_defaults(handler="opencomposer.commands.tasks:build_env_main")
 
     p = sub.add_parser("sft", help="supervised fine-tuning on oracle episodes (RL's starting point)")
     _add_recipe_args(p)
@@ -169,6 +178,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
     p.set_defaults(handler="opencomposer.commands.serve:main")
+
+    p = sub.add_parser("basecheck", help="compare base models: codebase NLL, state tracking, FreshBench-like QA")
+    p.add_argument("--model", action="append", required=True, metavar="PATH",
+                   help="tiny_moe (untrained) | tiny_deepseek_v3 | smollm2 | a checkpoint folder; repeat to compare")
+    p.add_argument("--out", required=True, metavar="FILE", help="JSON file of the results")
+    p.add_argument("--window", type=int, default=0, help="tokens per NLL window (default 0: the model's context)")
+    p.add_argument("--nll-repo", action="append", default=[], metavar="DIR",
+                   help="repository to score (repeatable; default: the held-out projects ledger and scheduler)")
+    p.add_argument("--nll-bytes", type=int, default=0,
+                   help="score only the first N bytes of each repository (default 0: all of it)")
+    p.add_argument("--history-repo", action="append", default=[], metavar="DIR",
+                   help="git repository whose file histories join the generated ones (repeatable)")
+    p.add_argument("--histories", type=int, default=8, help="generated state-tracking histories (default 8)")
+    p.add_argument("--repo-histories", type=int, default=4, help="histories per --history-repo (default 4)")
+    p.add_argument("--questions", type=int, default=48, help="FreshBench-like questions (default 48)")
+    p.add_argument("--package", action="append", default=[], metavar="DIST",
+                   help="installed distribution to ask about (repeatable; default: opencomposer's dependencies)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated histories and questions")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the models run")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's default)")
+    p.set_defaults(handler="opencomposer.commands.basecheck:main")
 
     p = sub.add_parser("config", help="print the resolved recipe as TOML (checks it too)")
     _add_recipe_args(p)

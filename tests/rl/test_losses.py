@@ -361,7 +361,7 @@ def test_a_self_summary_chain_counts_as_one_sequence_across_micro_batches(name):
     """Two episodes: one a chain of two segments (two rows, put in different micro-batches), one a
     single segment. GRPO's per-sequence mean and Dr. GRPO's sequence count see two episodes, and the
     micro-batches add up to the reference computed on whole episodes."""
-    from opencomposer.rl.step import step_sequences
+    from opencomposer.rl.step import count_sequences
     from opencomposer.training.packing import SequenceRow, collate
 
     rng = np.random.default_rng(3)
@@ -377,7 +377,7 @@ def test_a_self_summary_chain_counts_as_one_sequence_across_micro_batches(name):
     for r in rows:
         r.episode_tokens = totals[r.episode]
     micro = [collate([rows[0], rows[2]], pad_id=0), collate([rows[1]], pad_id=0)]
-    assert step_sequences(micro) == 2
+    assert count_sequences(micro) == 2
     logps = [torch.tensor(-rng.random(b.loss_mask.shape), dtype=torch.float32) for b in micro]
     config = dataclasses.replace(CONFIG, name=name)
     got = sum(LOSSES[name](dataclasses.replace(LossInputs.from_batch(b, lp), num_sequences=2.0), config)[0].item()

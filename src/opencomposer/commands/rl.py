@@ -21,7 +21,7 @@ def main(args: argparse.Namespace) -> int:
 
         summary = run_async(config)
     else:
-        from opencomposer.distributed.rl import rl_worker
+        from opencomposer.rl.distributed import rl_worker
 
         summary = launch(rl_worker, config)  # trainer.world_size processes, or torchrun's, or this one
         if summary is None:  # a following rank of a torchrun group: rank 0 reports
