@@ -57,7 +57,7 @@ from opencomposer.agent.tools import Toolbox, ToolError, tool_schemas
 from opencomposer.config import AgentConfig
 from opencomposer.model.tokenizer import THINK_CLOSE, THINK_OPEN
 from opencomposer.protocols import Policy, Summarizer
-from opencomposer.sandbox.patch import parse_patch
+from opencomposer.sandbox.patch import DiffRoundTripError, PatchError, parse_patch
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import (
     Context,
@@ -303,11 +303,12 @@ class AgentLoop:
         """Append what the environment says after the last turn (tool results or an error), and
         with ``self_summary``, the summary request when the context reaches the trigger."""
         turn = self.segment.turns[-1]
-        if self.wants_summary(messages):
+        if self.self_summary_armed():
             plain = len(self.count_observation(messages))
-            messages = [*messages, Message("user", SUMMARY_REQUEST)]
-            self.summary_pending = True
-            self._request_tokens = len(self.count_observation(messages)) - plain if self.transcript else 0
+            if self.segment_tokens() + plain >= self.trigger:
+                messages = [*messages, Message("user", SUMMARY_REQUEST)]
+                self.summary_pending = True
+                self._request_tokens = len(self.count_observation(messages)) - plain if self.transcript else 0
         if self.transcript is not None:
             _, ids = self.transcript.environment_turn(messages)
             turn.observation_ids = ids
@@ -328,13 +329,10 @@ class AgentLoop:
     def context_full(self) -> bool:
         return bool(self.trigger) and self.segment_tokens() >= self.trigger
 
-    def wants_summary(self, observation: list[Message]) -> bool:
-        """Whether the context, with ``observation`` appended, reaches the self-summary trigger."""
-        if self.config.context_policy != "self_summary" or self.summaries >= self.config.max_summaries:
-            return False
-        if not self.trigger:
-            return False
-        return self.segment_tokens() + len(self.count_observation(observation)) >= self.trigger
+    def self_summary_armed(self) -> bool:
+        """Whether a tool output that brings the context to the trigger gets the summary request."""
+        return (self.config.context_policy == "self_summary" and self.summaries < self.config.max_summaries
+                and bool(self.trigger))
 
     def count_observation(self, observation: list[Message]) -> list[int]:
         """The ids ``observation`` would append to the token transcript (text policies: none)."""
@@ -353,7 +351,7 @@ class AgentLoop:
         """Files the episode has changed so far (for the state block); empty if the diff fails."""
         try:
             return sorted({fp.path for fp in parse_patch(self.sandbox.diff())})
-        except Exception:  # noqa: BLE001 (a state hint, never worth ending the episode over)
+        except (DiffRoundTripError, PatchError, OSError):  # a state hint, never worth ending the episode over
             return []
 
     def work_turns(self) -> int:
