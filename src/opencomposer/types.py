@@ -431,6 +431,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # added to the tokenizer's EOS ids
     seed: int | None = None  # per-request seed; sample j of prompt i uses (seed, i, j)
     ignore_eos: bool = False
+    speculative: str = "off"  # "mtp": draft with the model's MTP layer, lossless (inference.speculative)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -441,6 +442,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.speculative not in ("off", "mtp"):
+            raise ValueError(f'speculative must be "off" or "mtp", got {self.speculative!r}')
 
 
 @dataclass

@@ -51,13 +51,13 @@ def test_the_shipped_recipe_loads_and_round_trips(tmp_path: Path):
     assert [p.name for p in plan] == ["main", "long-context", "sft"]
     assert plan[1].config.seq_len == 4 * plan[0].config.seq_len and plan[1].config.rope_theta > 0
     assert plan[0].steps == 614_400 // (16 * 64)  # a token budget is whole steps of batch × seq_len
-    assert plan[2].config.losses == ["sft"] and plan[1].first_step == plan[0].steps
+    assert plan[2].config.losses == ["sft", "mtp"] and plan[1].first_step == plan[0].steps
+    assert config.model.num_mtp_layers == 1 and plan[1].config.losses == ["lm", "mtp"]
     (tmp_path / "again.toml").write_text(recipe_toml(config))
     assert load_recipe(tmp_path / "again.toml") == config
 
 
 @pytest.mark.parametrize(("phases", "message"), [
-    ('[{seq_len=64, steps=10, losses=["mtp"]}]', r"pretrain.phases\[0\].losses: 'mtp'.*not implemented yet"),
     ("[{seq_len=64, steps=10}, {seq_len=64}]", r"pretrain.phases\[1\].tokens / pretrain.phases\[1\].steps"),
     ("[{seq_len=64, steps=10, tokens=100}]", r"set exactly one"),
     ("[{seq_len=64, step=10}]", r"unknown key pretrain.phases\[0\].step"),
@@ -267,6 +267,48 @@ def test_phases_run_in_order_and_a_resume_continues_at_the_step_with_the_same_da
     assert resumed.config.rope_parameters["rope_theta"] == 1e5
 
 
+def test_mtp_layers_start_at_a_later_phase_train_by_distillation_and_resume(tmp_path: Path, tiny_tokenizer):
+    """MTP layers built with the model stay at their initialisation through an lm-only phase, then
+    learn the main head by self-distillation in the phase listing ``mtp`` (the report's schedule);
+    a run interrupted in that phase resumes to the same weights."""
+    from opencomposer.model.loading import load_model
+    from opencomposer.pretrain.phases import run_phases
+
+    phases = ('pretrain.phases=[{name="lm", seq_len=32, steps=3, batch_size=2, warmup_steps=1}, '
+              '{name="joint", seq_len=32, steps=8, batch_size=4, lr=1e-2, warmup_steps=1, losses=["lm", "mtp"]}]')
+    extra = [phases, "model.num_mtp_layers=1", "pretrain.checkpoint_every=2"]
+    config = _config(tmp_path, "whole", *extra)
+    fresh, _ = load_model(config.model, tiny_tokenizer, seed=config.run.seed)
+    model, _, result = run_phases(config, _corpus(), tiny_tokenizer, progress=False)
+    first_phase_end = load_model(str(tmp_path / "whole" / "checkpoints" / "step-0000003" / "model"))[0]
+    for name, tensor in fresh.mtp.state_dict().items():  # untouched by the lm-only phase
+        assert torch.equal(first_phase_end.mtp.state_dict()[name], tensor), name
+    rows = [r for r in result.history if r["kind"] == "train" and r["phase"] == 1]
+    assert all("mtp_kl" in r and "lm_loss" in r for r in rows)
+    evals = [r for r in result.history if r["kind"] == "eval"]
+    print([(r["heldout_mtp_kl"], r["heldout_mtp_top1"]) for r in evals])
+    assert evals[-1]["heldout_mtp_kl"] < evals[0]["heldout_mtp_kl"] and "heldout_mtp_top1" in evals[-1]
+
+    def interrupt(step: int) -> None:
+        if step == 8:
+            raise Interrupted
+
+    cut = _config(tmp_path, "cut", *extra)
+    with pytest.raises(Interrupted):
+        run_phases(cut, _corpus(), tiny_tokenizer, progress=False, on_step=interrupt)
+    resumed, _, _ = run_phases(cut, _corpus(), tiny_tokenizer, progress=False)
+    for name, tensor in model.state_dict().items():
+        assert torch.allclose(resumed.state_dict()[name], tensor, atol=1e-6), name
+
+
+def test_an_mtp_phase_without_mtp_layers_is_refused(tmp_path: Path, tiny_tokenizer):
+    from opencomposer.pretrain.phases import run_phases
+
+    config = _config(tmp_path, "no-mtp", 'pretrain.phases=[{steps=2, seq_len=16, batch_size=2, losses=["lm", "mtp"]}]')
+    with pytest.raises(ConfigError, match="set model.num_mtp_layers"):
+        run_phases(config, _corpus(), tiny_tokenizer, progress=False)
+
+
 def test_a_resume_with_other_phases_is_refused(tmp_path: Path, tiny_tokenizer):
     from opencomposer.pretrain.phases import run_phases
 
@@ -283,12 +325,14 @@ def test_an_sft_phase_trains_on_the_oracles_model_tokens(tmp_path: Path, tiny_to
     from opencomposer.training.forward import batch_to
 
     phases = ('pretrain.phases=[{name="lm", seq_len=32, steps=3, batch_size=2, warmup_steps=1}, '
-              '{name="sft", losses=["sft"], steps=30, sft_batch_size=2, lr=5e-3, warmup_steps=2}]')
-    config = _config(tmp_path, "sft", phases, "sft.task_family=tiny", "sft.num_tasks=2")
+              '{name="sft", losses=["sft", "mtp"], steps=30, sft_batch_size=2, lr=5e-3, warmup_steps=2}]')
+    config = _config(tmp_path, "sft", phases, "sft.task_family=tiny", "sft.num_tasks=2", "model.num_mtp_layers=1")
     model, tokenizer, result = run_phases(config, _corpus(), tiny_tokenizer, progress=False)
     rows = [r for r in result.history if r["kind"] == "train" and r["phase"] == 1]
     assert len(rows) == 30 and all("lm_loss" not in r for r in rows)
     assert rows[-1]["sft_loss"] < 0.6 * rows[0]["sft_loss"]
+    # the MTP layer distils on the demonstrations' model tokens alongside
+    assert rows[-1]["mtp_top1_1"] > rows[0]["mtp_top1_1"]
     assert result.phases[1].tokens == 0  # no lm tokens in an SFT phase
     # the loss is over the model-written tokens only: prompts and tool outputs carry none
     episodes = _demonstrations(config, tokenizer)

@@ -27,6 +27,11 @@ class SamplingConfig(Section):
     top_k: int = 0
     """0 disables top-k. Local sampling only: the chat-completions API has no top-k."""
     max_new_tokens: int = 256
+    speculative: Literal["off", "mtp"] = "off"
+    """``mtp``: the local engine drafts the token after each sampled one with the model's MTP
+    layer (``model.num_mtp_layers``) and verifies it in the same forward; lossless (the tokens are
+    distributed as without it, and greedy decoding is unchanged bit for bit), faster when the
+    drafts are accepted (``inference.speculative``, ``benchmarks/speculative.py``)."""
 
     def validate(self) -> None:
         if self.temperature < 0:

@@ -40,6 +40,11 @@ class ModelConfig(Section):
     """Parameter dtype. float32 on CPU; bfloat16 for large models on GPUs."""
     tokenizer_path: str = ""
     """Tokenizer folder for tiny kinds; empty trains one on the code corpus (see ``tokenizer``)."""
+    num_mtp_layers: int = 0
+    """Multi-token prediction layers (``opencomposer.model.mtp``; DeepSeek-V3's MTP modules): a
+    model without them gets this many, freshly initialised, when it is built or loaded; a checkpoint
+    that has them keeps its own (0 takes whatever the checkpoint has). Trained by the ``mtp`` loss
+    of ``[[pretrain.phases]]``; used by ``sampling.speculative = "mtp"``."""
 
     def validate(self) -> None:
         if self.kind == "hf" and not self.path:
@@ -48,6 +53,8 @@ class ModelConfig(Section):
                      "moe_intermediate_size", "intermediate_size", "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model.{name}: must be positive, got {getattr(self, name)}")
+        if self.num_mtp_layers < 0:
+            raise ConfigError(f"model.num_mtp_layers: must be >= 0, got {self.num_mtp_layers}")
         if self.vocab_size < 0:
             raise ConfigError(f"model.vocab_size: must be >= 0 (0 = the tokenizer's size), got {self.vocab_size}")
         if self.top_k > self.num_experts:

@@ -13,8 +13,10 @@ from opencomposer.config.tasks import TaskFamily
 PhaseLoss = Literal["lm", "sft", "mtp"]
 """What a phase can train: ``lm`` next-token loss on the packed code corpus; ``sft`` the
 model-token loss on the oracle's recorded tool episodes; ``mtp`` multi-token prediction by
-self-distillation (RECIPE.md §3), named here so that recipes can be written against it, refused by
-``PhaseConfig.validate`` until it exists (issue 15, part 2; the hook is ``LOSSES`` in ``opencomposer.pretrain.phases``)."""
+self-distillation (RECIPE.md §3): the MTP layers (``model.num_mtp_layers``) learn the main head's
+distribution at the shifted position (``opencomposer.model.mtp``), on the phase's packed corpus rows,
+or on its demonstrations when it has ``sft`` and no ``lm``. ``["mtp"]`` alone distils the layers on
+corpus rows with the rest of the model left as it is (the trunk gets no gradient from ``mtp``)."""
 
 
 @dataclass
@@ -56,17 +58,11 @@ class PhaseConfig(Section):
     """Relative share of rows per entry of ``sources`` (normalised; need not sum to 1)."""
     losses: list[PhaseLoss] = field(default_factory=lambda: ["lm"])
     """Which losses train, summed: ``lm``, ``sft`` (the ``[sft]`` section's demonstrations, loss on
-    model tokens only), ``mtp`` (not yet; see ``PhaseLoss``)."""
+    model tokens only), ``mtp`` (self-distillation of the MTP layers; see ``PhaseLoss``)."""
     sft_batch_size: int = 8
     """Demonstration rows (episode segments) per step for ``sft``."""
 
     def validate(self) -> None:
-        if "mtp" in self.losses:
-            raise ConfigError(
-                "pretrain.phases.losses: 'mtp' (multi-token prediction by self-distillation, RECIPE.md §3) is "
-                "not implemented yet (issue 15, part 2 adds it to LOSSES in opencomposer.pretrain.phases); use 'lm' "
-                "and/or 'sft'"
-            )
         if not self.losses or len(set(self.losses)) != len(self.losses):
             raise ConfigError(f"pretrain.phases.losses: expected one or more distinct losses, got {self.losses}")
         if (self.tokens > 0) == (self.steps > 0):

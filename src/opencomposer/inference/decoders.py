@@ -88,6 +88,8 @@ class LeanDecoder:
         self.scaling = self.layers[0].self_attn.scaling
         self.cache = [_KV() for _ in self.layers]
         self.key_mask: torch.Tensor | None = None  # [rows, length] bool, False on left padding
+        self.keep_hidden = False  # keep every position's final-norm hidden state in ``hidden``
+        self.hidden: torch.Tensor | None = None  # [rows, T, H] of the last forward, when kept
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Run ``input_ids`` [rows, T] (left-padded, ``mask`` 1 on real tokens); logits of the last position."""
@@ -133,6 +135,8 @@ class LeanDecoder:
                                                  enable_gqa=True)
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(rows, width, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if self.keep_hidden:  # computed apart, so the logits below are those of the path without it
+            self.hidden = self.inner.norm(hidden)
         if last_only:
             hidden = hidden[:, -1:]
         return self.model.lm_head(self.inner.norm(hidden))

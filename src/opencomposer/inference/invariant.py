@@ -170,7 +170,7 @@ def block_attention(
     return (numerator / denominator).view(rows, heads, dim)
 
 
-class _BlockCache:
+class BlockCache:
     """Keys and values of one layer, ``[rows, kv_heads, capacity, D]``; row r's key t at index t.
 
     Unwritten slots stay zero, so a zero attention weight times them is an exact zero. The
@@ -232,8 +232,11 @@ class InvariantDecoder:
         self.apply_rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb
         self.head_dim = attention.head_dim
         self.scaling = attention.scaling
-        self.cache: list[_BlockCache] = []
+        self.cache: list[BlockCache] = []
         self.prompt_routes: list[torch.Tensor] = []  # per prefilled row, [length, moe_layers, top_k]
+        self.keep_hidden = False  # prefill keeps each row's final-norm hidden states (MTP drafts)
+        self.prompt_hidden: list[torch.Tensor] = []  # per prefilled row, [length, H], when keep_hidden
+        self.last_hidden: torch.Tensor | None = None  # the last step's, [rows, T, H]
 
     def prefill(
         self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
@@ -250,8 +253,10 @@ class InvariantDecoder:
         capacity = -(-(max(lengths) + 1) // BLOCK) * BLOCK
         logits, keys, values = [], [], []
         self.prompt_routes = []
+        self.prompt_hidden = []
         for r, length in enumerate(lengths):
             alone = LeanDecoder(self.model)
+            alone.keep_hidden = self.keep_hidden and prefixes is None
             ids = input_ids[r : r + 1, width - length :]
             row_positions = positions[r : r + 1, width - length :]
             prefix = prefixes[r] if prefixes is not None else None
@@ -269,6 +274,8 @@ class InvariantDecoder:
                     routes = torch.cat([known, routes[0]])[None]
             if routes is not None:
                 self.prompt_routes.append(routes[0])
+            if alone.keep_hidden:
+                self.prompt_hidden.append(alone.hidden[0])
             keys.append([kv.k[0, :, :length] for kv in alone.cache])
             values.append([kv.v[0, :, :length] for kv in alone.cache])
         self.cache = []
@@ -278,7 +285,7 @@ class InvariantDecoder:
             for r, length in enumerate(lengths):
                 k[r, :, :length] = keys[r][layer]
                 v[r, :, :length] = values[r][layer]
-            self.cache.append(_BlockCache(k, v))
+            self.cache.append(BlockCache(k, v))
         return torch.cat(logits)
 
     def _prefill_after(
@@ -311,31 +318,41 @@ class InvariantDecoder:
         return keys, values
 
     def step(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (``token_ids``, ``positions`` [rows, 1]); logits [rows, 1, V]."""
-        rows = token_ids.shape[0]
-        hidden = self.inner.embed_tokens(token_ids)  # [rows, 1, H]
+        """Feed ``T`` tokens per row (``token_ids``, ``positions`` [rows, T]); logits [rows, T, V].
+
+        Token ``t`` of a row attends to the row's keys up to its own position, those of tokens
+        ``< t`` of the same call included. Each of the ``rows × T`` tokens is one row of the tiled
+        matmuls and one query of ``block_attention``, so a token's logits are bit for bit what
+        feeding the tokens one call at a time gives (speculative decoding verifies drafts this
+        way). A row's keys past its position are never read, so a later call may overwrite a
+        rejected draft's slot. The final-norm hidden states stay in ``last_hidden`` [rows, T, H]."""
+        rows, width = token_ids.shape
+        hidden = self.inner.embed_tokens(token_ids)  # [rows, T, H]
         cos, sin = self.inner.rotary_emb(hidden, positions)
-        hidden = hidden[:, 0]  # [rows, H]
-        slot = positions[:, 0]
+        hidden = hidden.reshape(rows * width, -1)  # token (r, t) at r * T + t
         for layer, kv in zip(self.layers, self.cache):
             attn = layer.self_attn
             x = pad_rows(layer.input_layernorm(hidden))
-            q = tiled_linear(x, attn.q_proj.weight, attn.q_proj.bias)[:rows].view(rows, 1, -1, self.head_dim)
-            k = tiled_linear(x, attn.k_proj.weight, attn.k_proj.bias)[:rows].view(rows, 1, -1, self.head_dim)
-            v = tiled_linear(x, attn.v_proj.weight, attn.v_proj.bias)[:rows].view(rows, -1, self.head_dim)
+            flat = rows * width
+            q = tiled_linear(x, attn.q_proj.weight, attn.q_proj.bias)[:flat].view(rows, width, -1, self.head_dim)
+            k = tiled_linear(x, attn.k_proj.weight, attn.k_proj.bias)[:flat].view(rows, width, -1, self.head_dim)
+            v = tiled_linear(x, attn.v_proj.weight, attn.v_proj.bias)[:flat].view(rows, width, -1, self.head_dim)
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [rows, heads, 1, D]
-            kv.write(k[:, :, 0], v, slot)
-            out = block_attention(q[:, :, 0], kv.k, kv.v, slot + 1, self.scaling)  # [rows, heads, D]
-            hidden = hidden + linear_rows(out.reshape(rows, -1), attn.o_proj.weight, attn.o_proj.bias)
+            q, k = self.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [rows, heads, T, D]
+            for t in range(width):
+                kv.write(k[:, :, t], v[:, t], positions[:, t])
+            out = torch.stack([block_attention(q[:, :, t], kv.k, kv.v, positions[:, t] + 1, self.scaling)
+                               for t in range(width)], dim=1)  # [rows, T, heads, D]
+            hidden = hidden + linear_rows(out.reshape(flat, -1), attn.o_proj.weight, attn.o_proj.bias)
             x = layer.post_attention_layernorm(hidden)
             if hasattr(layer.mlp, "experts"):
                 hidden = hidden + sparse_moe(layer.mlp, x, self.recorder)
             else:
                 hidden = hidden + dense_mlp(layer.mlp, x)
         hidden = self.inner.norm(hidden)
-        return linear_rows(hidden, self.model.lm_head.weight, self.model.lm_head.bias)[:, None]
+        self.last_hidden = hidden.view(rows, width, -1)
+        return linear_rows(hidden, self.model.lm_head.weight, self.model.lm_head.bias).view(rows, width, -1)
 
     def repeat(self, n: int) -> None:
         for kv in self.cache:

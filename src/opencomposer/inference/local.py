@@ -167,12 +167,16 @@ class EngineStats:
     ``prefill_tokens``: prompt positions run through the model (left padding not counted);
     ``prefill_tokens_reused``: prompt positions whose keys and values came from the prefix cache
     instead; ``prefills``: prompts prefilled; ``prefix_hits``: those that reused a stored prefix.
+    ``draft_tokens`` / ``draft_accepted``: MTP drafts verified and kept by speculative calls
+    (``sampling.speculative = "mtp"``, ``inference.speculative``).
     Read it before and after a call (``dataclasses.replace`` copies it) for that call's share."""
 
     prefills: int = 0
     prefix_hits: int = 0
     prefill_tokens: int = 0
     prefill_tokens_reused: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
     @property
     def reused_fraction(self) -> float:
@@ -432,6 +436,12 @@ class LocalEngine:
                 raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size}): {bad[:5]}")
             if len(prompt) >= self.max_positions:
                 raise ValueError(f"prompt {i} has {len(prompt)} tokens, the model's limit is {self.max_positions}")
+        if params.speculative == "mtp":
+            from opencomposer.inference.speculative import speculative_support
+
+            why = speculative_support(self)
+            if why is not None:
+                raise ValueError(f'sampling.speculative = "mtp": {why}')
         seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**62))
         results: list[Completion | None] = [None] * (len(prompts) * n)
         per_chunk = max(1, self.max_batch_size // n)
@@ -455,6 +465,10 @@ class LocalEngine:
         self, prompts: list[list[int]], indices: list[int], params: SamplingParams, n: int, seed: int,
         row_seeds: Sequence[int] | None = None,
     ) -> list[Completion]:
+        if params.speculative == "mtp":
+            from opencomposer.inference.speculative import speculative_chunk
+
+            return speculative_chunk(self, prompts, indices, params, n, seed, row_seeds)
         lengths = [len(prompts[i]) for i in indices]
         width = max(lengths)
         input_ids = torch.full((len(indices), width), self.pad_id, dtype=torch.long)
@@ -588,15 +602,19 @@ class LocalEngine:
         return [r.cpu().numpy().astype(self.route_dtype) for r in routes]
 
     def _finish_reason(
-        self, row: _Row, token: int, params: SamplingParams, stop_ids: set[int], stop_window: int
+        self, row: _Row, token: int, params: SamplingParams, stop_ids: set[int], stop_window: int,
+        position: int | None = None,
     ) -> str | None:
+        """Why the row stops after ``token`` (appended already), at sequence position ``position``
+        (default: the row's next position to feed, where a plain decode step puts it), or None."""
+        position = row.position if position is None else position
         if token in stop_ids:
             return "stop"
         if params.stop:
             tail = self.tokenizer.decode(row.tokens[-stop_window:], skip_special_tokens=False)
             if any(s in tail for s in params.stop):
                 return "stop"
-        if len(row.tokens) >= params.max_new_tokens or row.position + 1 >= self.max_positions:
+        if len(row.tokens) >= params.max_new_tokens or position + 1 >= self.max_positions:
             return "length"
         return None
 

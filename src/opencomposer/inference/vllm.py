@@ -148,11 +148,14 @@ def checkpoint_names(state_dict: dict[str, Any]) -> dict[str, Any]:
     transformers 5 keeps a MoE layer's experts fused: ``...experts.gate_up_proj`` ``[E, 2I, H]``
     (gate rows first, then up) and ``...experts.down_proj`` ``[E, H, I]``; its checkpoints (and
     vLLM) have one ``...experts.{e}.gate_proj.weight`` ``[I, H]``, ``up_proj.weight`` and
-    ``down_proj.weight`` ``[H, I]`` per expert. Those two are split (views, no copy); every other
-    tensor keeps its name. ``tests/inference/test_vllm_engine.py`` checks the result against what
+    ``down_proj.weight`` ``[H, I]`` per expert. Those two are split (views, no copy); the
+    project's MTP layers (``mtp.*``, which vLLM does not run) are left out; every other tensor keeps
+    its name. ``tests/inference/test_vllm_engine.py`` checks the result against what
     ``save_checkpoint`` writes."""
     out: dict[str, Any] = {}
     for name, tensor in state_dict.items():
+        if name.startswith("mtp."):  # the project's MTP layers (model.mtp): vLLM does not run them
+            continue
         if name.endswith(".experts.gate_up_proj") and tensor.dim() == 3:
             prefix = name[: -len("gate_up_proj")]
             half = tensor.shape[1] // 2
@@ -350,6 +353,9 @@ class VLLMEngine:
                  row_seeds: Sequence[int] | None = None) -> list[Completion]:
         """``n`` samples of each prompt, prompt-major (the ``Engine`` contract; ``row_seeds`` as
         ``LocalEngine``'s)."""
+        if params.speculative != "off":
+            raise ValueError(f'sampling.speculative = "{params.speculative}" drafts with the project\'s MTP layers in '
+                             'LocalEngine; vLLM has its own speculative decoding (its speculative_config), not wired here')
         prompts = _check_prompts(prompts, self.max_positions)
         seeds = _row_seeds(prompts, params, n, row_seeds, self._seed_rng)
         rows = [_Row(i, j) for i in range(len(prompts)) for j in range(n)]

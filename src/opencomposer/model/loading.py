@@ -92,9 +92,9 @@ def load_model(
         from opencomposer.model.smollm2 import fetch_smollm2
 
         path = fetch_smollm2()
-        return _load_folder(path, dtype, device)
+        return _with_mtp(*_load_folder(path, dtype, device), config, seed)
     if config.kind == "hf" or config.path:
-        return _load_folder(Path(config.path), dtype, device)
+        return _with_mtp(*_load_folder(Path(config.path), dtype, device), config, seed)
     if tokenizer is None:
         tokenizer = load_tokenizer(config.tokenizer_path) if config.tokenizer_path else default_tokenizer()
     hf_config = tiny_config(config, tokenizer)
@@ -105,18 +105,56 @@ def load_model(
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     model.generation_config.eos_token_id = stop_token_ids(tokenizer)
     model.generation_config.pad_token_id = hf_config.pad_token_id
-    return model.to(device).eval(), tokenizer
+    return _with_mtp(model.to(device).eval(), tokenizer, config, seed)
+
+
+def _with_mtp(model: torch.nn.Module, tokenizer: Any, config: ModelConfig, seed: int) -> tuple[torch.nn.Module, Any]:
+    """Give a model without MTP layers ``config.num_mtp_layers`` fresh ones; one that has them
+    (restored from its checkpoint) must have that many, or ``num_mtp_layers = 0``."""
+    from opencomposer.model.mtp import attach_mtp, mtp_layers
+
+    have, want = mtp_layers(model), config.num_mtp_layers
+    if want and have and have != want:
+        raise ConfigError(f"model.num_mtp_layers = {want}, but the checkpoint has {have} MTP layers; set it to {have} "
+                          "or 0 (keep the checkpoint's)")
+    if want and not have:
+        attach_mtp(model, want, seed=seed)
+    return model, tokenizer
 
 
 def _load_folder(path: Path, dtype: torch.dtype, device: str | torch.device) -> tuple[torch.nn.Module, Any]:
     if not (path / "config.json").is_file():
         raise ConfigError(f"model.path: {path} is not a checkpoint folder (no config.json)")
+    from opencomposer.model.mtp import MTP_CONFIG_KEY, restore_mtp
+
     with quiet_transformers():
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        # MTP layers (model.mtp) are not transformers modules: their keys are restored below, so
+        # transformers' report that it skipped them is expected and silenced (a quiet modeling_utils
+        # also runs its tensor-parallel plan check, whose warnings go with it)
+        loggers = [logging.getLogger(f"transformers.{name}") for name in ("modeling_utils", "distributed.tensor_parallel")]
+        levels = [logger.level for logger in loggers]
+        if _has_mtp(path, MTP_CONFIG_KEY):
+            for logger in loggers:
+                logger.setLevel(logging.ERROR)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+    restore_mtp(model, path)
     tokenizer = load_tokenizer(path)
     return model.to(device).eval(), tokenizer
+
+
+def _has_mtp(path: Path, key: str) -> bool:
+    import json
+
+    try:
+        return bool(json.loads((path / "config.json").read_text()).get(key))
+    except (OSError, ValueError):
+        return False
 
 
 def tiny_config(config: ModelConfig, tokenizer: Any) -> Any:

@@ -22,8 +22,14 @@ generator; the tokens trained per source are reported in ``mix.json``.
 a step; a phase sums those it lists. ``lm``: next-token cross-entropy on the packed rows (plus the
 MoE load-balancing term). ``sft``: cross-entropy on the model-written tokens of the oracle's tool
 episodes (``pretrain.sft.record_demonstrations`` on the ``[sft]`` section's tasks, in the real
-harness; prompts and tool outputs are context only). ``mtp`` (multi-token prediction by
-self-distillation) is refused by the config until issue 15 part 2 adds its entry here.
+harness; prompts and tool outputs are context only). ``mtp``: multi-token prediction by
+self-distillation (``model.mtp``): the MTP layers learn, by KL, the detached main head's
+distribution at the shifted position, on the phase's packed rows (sharing the ``lm`` forward) or,
+in a phase with ``sft`` and no ``lm``, at the demonstrations' model tokens; the trunk gets no
+gradient from it. The report's schedule: MTP layers start from scratch at a mid-pretraining
+checkpoint (they are built with the model, ``model.num_mtp_layers``, and untouched until the first
+phase listing ``mtp``), then train jointly with ``lm`` and ``sft`` in the later phases. Evaluations
+then also report ``heldout_mtp_kl`` and ``heldout_mtp_top1`` (greedy draft acceptance).
 
 **Long context.** A phase with ``rope_theta`` sets the RoPE base as it starts: the model config's
 ``rope_parameters`` and every rotary embedding's inverse frequencies, recomputed by its own class
@@ -98,6 +104,12 @@ class Phase:
     @property
     def lm(self) -> bool:
         return "lm" in self.config.losses
+
+    @property
+    def rows(self) -> bool:
+        """Whether the phase draws packed corpus rows: for ``lm``, and for ``mtp`` without ``sft``."""
+        losses = self.config.losses
+        return self.lm or ("mtp" in losses and "sft" not in losses)
 
 
 def plan_phases(phases: list[PhaseConfig]) -> list[Phase]:
@@ -238,17 +250,33 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Ten
 
 @dataclass
 class StepData:
-    """What a step's losses read: the packed lm batch and/or the demonstration batch."""
+    """What a step's losses read: the packed corpus rows and/or the demonstration batch, and the
+    main forward on the rows, run once a step for every loss that reads it (``lm_forward``)."""
 
     ids: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     demos: Any = None  # a training.packing TrainBatch
+    hidden: bool = False  # the rows' forward also returns the last hidden state (for ``mtp``)
+    _forward: Any = None
+    _forward_grad: bool = False
+
+    def lm_forward(self, model: torch.nn.Module, grad: bool = True):
+        """The model's forward on the packed rows (inputs ``ids[:, :-1]``), with the router
+        logits when the MoE load-balancing term is on; computed once and reused, recomputed only
+        when a loss needs the graph that an earlier no-graph call did not build."""
+        if self._forward is None or (grad and not self._forward_grad):
+            aux = (getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0) > 0
+            with torch.enable_grad() if grad else torch.no_grad():
+                self._forward = model(input_ids=self.ids[:, :-1], position_ids=self.positions[:, :-1], use_cache=False,
+                                      output_hidden_states=self.hidden, **({"output_router_logits": True} if aux else {}))
+            self._forward_grad = grad
+        return self._forward
 
 
 def lm_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean next-token cross-entropy over the packed rows, plus the MoE load-balancing term."""
     aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
-    out = packed_forward(model, data.ids, data.positions, router_logits=aux_coef > 0)
+    out = data.lm_forward(model)
     logits = out.logits.float()
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.ids[:, 1:].reshape(-1))
     metrics = {"lm_loss": ce.item()}
@@ -269,11 +297,27 @@ def sft_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor,
     return loss, {"sft_loss": loss.item(), "sft_tokens": int(mask.sum())}
 
 
+def mtp_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, dict[str, float]]:
+    """Self-distillation of the MTP layers onto the main head (``model.mtp``): on the packed rows
+    when the step has them (sharing the ``lm`` loss's forward), else on the demonstration rows
+    whose targets are model tokens (the positions speculative decoding drafts)."""
+    from opencomposer.model.mtp import mtp_distillation_loss
+
+    if data.ids is not None:
+        out = data.lm_forward(model, grad=False)
+        return mtp_distillation_loss(model, out.logits, out.hidden_states[-1], data.ids[:, :-1], data.positions[:, :-1])
+    demos = data.demos
+    with torch.no_grad():
+        out = model(input_ids=demos.input_ids, position_ids=demos.position_ids, use_cache=False,
+                    output_hidden_states=True)
+    return mtp_distillation_loss(model, out.logits, out.hidden_states[-1], demos.input_ids, demos.position_ids,
+                                 targets=demos.loss_mask)
+
+
 LOSSES: dict[str, Callable[[torch.nn.Module, StepData], tuple[torch.Tensor, dict[str, float]]]] = {
     "lm": lm_step_loss,
     "sft": sft_step_loss,
-    # "mtp": issue 15 part 2 adds the self-distillation loss of the MTP layers here (RECIPE.md §3),
-    # and lifts the refusal in config.pretrain.PhaseConfig.validate.
+    "mtp": mtp_step_loss,
 }
 
 
@@ -365,6 +409,27 @@ def heldout_loss(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch
         out["far"] = float(loss[far].mean()) if far.any() else float("nan")
         out["far_tokens"] = int(far.sum())
     return out
+
+
+@torch.no_grad()
+def heldout_mtp(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """The MTP layers on held-out rows: ``heldout_mtp_kl`` (the self-distillation loss) and
+    ``heldout_mtp_top1`` (depth 1's argmax agreeing with the main head's: the acceptance rate of
+    greedy speculative decoding), averaged over the batches."""
+    from opencomposer.model.mtp import mtp_distillation_loss
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    kl, top1 = [], []
+    for ids, pos in batches:
+        ids, pos = ids.to(device), pos.to(device)
+        out = model(input_ids=ids[:, :-1], position_ids=pos[:, :-1], use_cache=False, output_hidden_states=True)
+        _, metrics = mtp_distillation_loss(model, out.logits, out.hidden_states[-1], ids[:, :-1], pos[:, :-1])
+        kl.append(metrics["mtp_kl"])
+        top1.append(metrics.get("mtp_top1_1", float("nan")))
+    model.train(was_training)
+    return {"heldout_mtp_kl": float(np.mean(kl)), "heldout_mtp_top1": float(np.mean(top1))}
 
 
 def probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, count: int, seed: int = 0
@@ -575,6 +640,11 @@ def run_phases(
             raise ConfigError(f"cannot resume {checkpoint}: its [[pretrain.phases]] differ from the recipe's; restore "
                               f"the recipe or start a fresh run folder (run.name)")
     model, tokenizer = _build_model(config, tokenizer, device, checkpoint)
+    from opencomposer.model.mtp import mtp_layers
+
+    if any("mtp" in p.config.losses for p in plan) and not mtp_layers(model):
+        raise ConfigError("pretrain.phases.losses: 'mtp' trains the model's MTP layers and it has none; set "
+                          "model.num_mtp_layers (1 is DeepSeek-V3's and the speculative decoder's depth)")
     convert_model(model, config.numerics)
     optimizer = build_optimizer(model, lr=plan[0].config.lr, betas=tuple(pc.betas), weight_decay=pc.weight_decay)
     if checkpoint is not None:
@@ -610,13 +680,15 @@ def run_phases(
 
         def evaluate(phase: Phase, global_step: int, when: str) -> dict[str, float]:
             row: dict[str, float] = {"tokens": result.tokens, "phase": phase.index}
-            if phase.lm and pc.eval_batches:
+            if phase.rows and pc.eval_batches:
                 if phase.config.seq_len not in eval_sets:
                     eval_sets[phase.config.seq_len] = fixed_batches(corpus.heldout, tokenizer, separator,
                                                                     phase.config.seq_len, phase.config.batch_size,
                                                                     pc.eval_batches)
                 if eval_sets[phase.config.seq_len]:
                     row["heldout_loss"] = heldout_loss(model, eval_sets[phase.config.seq_len])["loss"]
+                    if mtp_layers(model):
+                        row.update(heldout_mtp(model, eval_sets[phase.config.seq_len]))
             if long_eval:
                 scores = heldout_loss(model, long_eval, beyond=base_len)
                 row.update(heldout_long_loss=scores["loss"], heldout_near_loss=scores["near"],
@@ -637,7 +709,7 @@ def run_phases(
                 set_rope_theta(model, c.rope_theta)
             if c.seq_len > getattr(model.config, "max_position_embeddings", c.seq_len):
                 model.config.max_position_embeddings = c.seq_len
-            batches = MixedBatches(corpus.train, phase, tokenizer, separator, config.run.seed) if phase.lm else None
+            batches = MixedBatches(corpus.train, phase, tokenizer, separator, config.run.seed) if phase.rows else None
             demo_batches = None
             if "sft" in c.losses:
                 demos = demos if demos is not None else _demonstrations(config, tokenizer)
@@ -652,7 +724,7 @@ def run_phases(
                              every=pc.log_every) as bar:
                 for step in range(first, phase.steps):
                     global_step = phase.first_step + step + 1
-                    data = StepData()
+                    data = StepData(hidden="mtp" in c.losses)
                     crc = 0
                     if batches is not None:
                         ids, positions = batches.next()

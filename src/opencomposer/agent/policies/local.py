@@ -45,6 +45,7 @@ class EnginePolicy:
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
             top_k=self.sampling.top_k,
+            speculative=self.sampling.speculative,
             stop_token_ids=list(self._stop_ids),
             seed=(context.seed * 1_000_003 + context.turn_index) % (1 << 62),
         )
