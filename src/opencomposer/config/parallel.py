@@ -4,9 +4,11 @@
 ``pretrain`` spawn them, or ``torchrun`` does and the environment says so), the collective backend,
 and the rendezvous port of a spawned group. ``[parallel]`` names the axes beyond data parallelism:
 context parallelism (``cp``, one sequence's tokens split over ranks) and expert parallelism (``ep``,
-a MoE layer's experts split over ranks). Only data parallelism is implemented
-(``opencomposer.distributed``); ``cp`` and ``ep`` accept 1 and refuse anything larger with a
-ConfigError, so a recipe never believes it runs a parallelism it does not get (docs/distributed.md).
+a MoE layer's experts split over ranks). ``cp`` accepts only 1 and refuses anything larger with a
+ConfigError, so a recipe never believes it runs a parallelism it does not get. ``ep`` is accepted:
+the expert-parallel layer exists (``opencomposer.distributed.expert``), but the commands do not
+build expert-parallel groups yet, so ``distributed.runtime.launch`` still stops a run with
+``ep > 1`` (docs/distributed.md, "Expert parallelism").
 """
 
 from __future__ import annotations
@@ -46,16 +48,26 @@ class ParallelConfig(Section):
     """Context-parallel degree: ranks that split one sequence's tokens (ring attention). Not
     implemented yet; only 1 is accepted."""
     ep: int = 1
-    """Expert-parallel degree: ranks that split each MoE layer's experts (all-to-all dispatch).
-    Not implemented yet; only 1 is accepted."""
+    """Expert-parallel degree: ranks that split each MoE layer's routed experts
+    (``opencomposer.distributed.expert``). Every rank of an expert-parallel group of ``ep`` ranks
+    keeps a contiguous block of ``E / ep`` experts of every MoE layer; the routers, attention,
+    embeddings and shared experts stay whole on every rank. Tokens travel to the ranks owning their
+    chosen experts and back by two all-to-alls (MXFP8 on the way out with
+    ``numerics.quantize_dispatch``); the weighted combine runs on the token's own rank in float32.
+    Constraints, checked by ``distributed.expert.check_expert_parallel`` (``trainer.world_size`` and
+    the model's expert count live outside this section): ``trainer.world_size`` a multiple of
+    ``ep`` (``world_size / ep`` data-parallel replicas of each expert shard), and every MoE layer's
+    expert count ``E`` divisible by ``ep``. The layer and its equality tests exist; the ``rl`` and
+    ``pretrain`` commands do not build expert-parallel groups yet and refuse ``ep > 1`` when they
+    launch (docs/distributed.md)."""
 
     def validate(self) -> None:
-        for key, value, what in (("cp", self.cp, "context parallelism (splitting a sequence over ranks)"),
-                                 ("ep", self.ep, "expert parallelism (splitting MoE experts over ranks)")):
-            if value < 1:
-                raise ConfigError(f"parallel.{key}: must be >= 1, got {value}")
-            if value > 1:
-                raise ConfigError(
-                    f"parallel.{key} = {value}: {what} is not implemented yet; only data parallelism is "
-                    "(trainer.world_size). Set parallel." + key + " = 1"
-                )
+        if self.cp < 1:
+            raise ConfigError(f"parallel.cp: must be >= 1, got {self.cp}")
+        if self.cp > 1:
+            raise ConfigError(
+                f"parallel.cp = {self.cp}: context parallelism (splitting a sequence over ranks) is not "
+                "implemented yet; only data parallelism is (trainer.world_size). Set parallel.cp = 1"
+            )
+        if self.ep < 1:
+            raise ConfigError(f"parallel.ep: must be a positive integer (ranks per expert-parallel group), got {self.ep}")
