@@ -45,8 +45,10 @@ class ParallelConfig(Section):
     section = "parallel"
 
     cp: int = 1
-    """Context-parallel degree: ranks that split one sequence's tokens (ring attention). Not
-    implemented yet; only 1 is accepted."""
+    """Context-parallel degree: ranks that split one sequence's tokens, each holding chunks ``r``
+    and ``2·cp−1−r`` of ``2·cp``, keys and values all-gathered for attention
+    (``opencomposer.distributed.context``, docs/context-parallel.md). The layer and its equality
+    tests exist; the runners do not build context-parallel groups yet, so only 1 is accepted."""
     ep: int = 1
     """Expert-parallel degree: ranks that split each MoE layer's routed experts
     (``opencomposer.distributed.expert``). Every rank of an expert-parallel group of ``ep`` ranks
@@ -66,8 +68,9 @@ class ParallelConfig(Section):
             raise ConfigError(f"parallel.cp: must be >= 1, got {self.cp}")
         if self.cp > 1:
             raise ConfigError(
-                f"parallel.cp = {self.cp}: context parallelism (splitting a sequence over ranks) is not "
-                "implemented yet; only data parallelism is (trainer.world_size). Set parallel.cp = 1"
+                f"parallel.cp = {self.cp}: context parallelism (splitting a sequence over ranks) exists as a layer "
+                "(opencomposer.distributed.context) but the rl and pretrain runners do not use it yet; only data "
+                "parallelism runs (trainer.world_size). Set parallel.cp = 1"
             )
         if self.ep < 1:
             raise ConfigError(f"parallel.ep: must be a positive integer (ranks per expert-parallel group), got {self.ep}")
