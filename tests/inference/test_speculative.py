@@ -124,6 +124,21 @@ def test_greedy_speculative_decoding_is_plain_greedy_bit_for_bit(drafted):
     assert kept[0] > 0.5 and kept[1] < 0.5
 
 
+def test_rows_finishing_at_different_forwards_ride_along_until_compaction(drafted):
+    """A row that ends on an accepted draft has fed every token; it stays in the batch until enough
+    rows are done, and the batch goes on without it (greedy, so the result must be plain greedy)."""
+    model, tokenizer = drafted
+    engine = LocalEngine(model, tokenizer, compact_fraction=0.9)
+    prompts = [tokenizer(text)["input_ids"] for text in ("def f(x):", "import sys\n", "class A:", "x = [",
+                                                         "for i in range(", "# comment\n", "return", "if x:")]
+    for max_new in (5, 6, 7):
+        params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+        plain = engine.generate(prompts, params)
+        fast = engine.generate(prompts, dataclasses.replace(params, speculative="mtp"))
+        assert [c.token_ids for c in fast] == [c.token_ids for c in plain]
+        assert all(len(c.routed_experts) == max_new for c in fast)
+
+
 def _exact_sequence_probabilities(model, prompt: list[int], params: SamplingParams, length: int) -> dict:
     """p(x1..xL | prompt) of every sequence in the top-k support, from full forwards."""
     out: dict[tuple[int, ...], float] = {}

@@ -259,8 +259,12 @@ def speculative_chunk(engine: LocalEngine, prompts: list[list[int]], indices: li
             # 1. draft the token after the pending one, for every live row
             seqs = [prompts[row.prompt_index] + row.tokens for row in live]
             fed = [row.position for row in live]
+            # the token each row feeds now: its pending one; a finished row whose tokens were all fed
+            # rides along until compaction feeding its last one again (harmless: nothing reads it)
+            pending = [s[f] if f < len(s) else s[-1] for s, f in zip(seqs, fed, strict=True)]
             first = [max(f - 2, 0) for f in fed]  # a one-token prompt's first draft reads position 0 twice
-            draft_tokens = torch.tensor([[s[a + 1], s[f]] for s, a, f in zip(seqs, first, fed, strict=True)], device=dev)
+            draft_tokens = torch.tensor([[s[min(a + 1, len(s) - 1)], x] for s, a, x in zip(seqs, first, pending, strict=True)],
+                                        device=dev)
             draft_pos = torch.tensor([[a, f - 1] for a, f in zip(first, fed, strict=True)], device=dev)
             draft_logits = drafter.step(pair, draft_tokens, draft_pos).float()  # [rows, V]
             q_log = sampling_logprobs(draft_logits, params)
@@ -271,7 +275,7 @@ def speculative_chunk(engine: LocalEngine, prompts: list[list[int]], indices: li
             # 2. verify: feed [pending, draft] at [fed, fed + 1]
             engine._apply_staged()
             version = engine.policy_version
-            step_ids = torch.stack([torch.tensor([s[f] for s, f in zip(seqs, fed, strict=True)], device=dev), drafts], dim=1)
+            step_ids = torch.stack([torch.tensor(pending, device=dev), drafts], dim=1)
             step_pos = torch.tensor([[f, f + 1] for f in fed], device=dev)
             logits2 = decoder.step(step_ids, step_pos).float()  # [rows, 2, V]
             hidden2 = decoder.last_hidden
