@@ -288,30 +288,33 @@ def speculative_chunk(engine: LocalEngine, prompts: list[list[int]], indices: li
                 tokens = target
             else:
                 tokens, accepted = verify_drafts(p_log, q_log, drafts, u[:, 2], u[:, 3])
+            # every row's candidates at once (one small op each, not one per row): the verified
+            # token and its log p, the bonus token after the draft, the hidden states to draft from
+            bonus, bonus_logprobs = sample_tokens(logits2[:, 1], params, u[:, 0])
+            token_logprobs = p_log.gather(1, tokens[:, None])[:, 0]
+            pair = torch.where(accepted[:, None, None], hidden2, torch.stack([pair[:, 1], hidden2[:, 0]], dim=1))
+            tokens, accepted, token_logprobs = tokens.tolist(), accepted.tolist(), token_logprobs.tolist()
+            bonus, bonus_logprobs = bonus.tolist(), bonus_logprobs.tolist()
             for k, row in enumerate(live):
                 if routes is not None and len(row.routes) < len(row.tokens):
                     row.routes.append(routes[k, 0])  # the pending token, fed now
-                if row.finish is not None:  # rode along for that route only
+                if row.finish is not None:  # rode along for that route only (or until compaction)
                     row.position += 1
                     continue
                 forwards[row.slot] += 1
                 engine.stats.draft_tokens += 1
-                token = int(tokens[k])
-                _emit(engine, row, token, float(p_log[k, token]), version, params, stop_ids, stop_window,
+                _emit(engine, row, tokens[k], token_logprobs[k], version, params, stop_ids, stop_window,
                       row.position + 1)
-                if bool(accepted[k]):
+                if accepted[k]:
                     engine.stats.draft_accepted += 1
                     if routes is not None:
                         row.routes.append(routes[k, 1])  # the draft was fed as the token it became
                     row.position += 2
-                    pair[k] = hidden2[k]
                     if row.finish is None:  # the bonus token, from the logits after the draft
-                        bonus, logprob = sample_tokens(logits2[k : k + 1, 1], params, u[k : k + 1, 0])
-                        _emit(engine, row, int(bonus), float(logprob), version, params, stop_ids, stop_window,
+                        _emit(engine, row, bonus[k], bonus_logprobs[k], version, params, stop_ids, stop_window,
                               row.position)
                 else:
                     row.position += 1
-                    pair[k] = torch.stack([pair[k, 1], hidden2[k, 0]])
     return [engine._completion(row, first_version) for row in rows]
 
 
