@@ -24,12 +24,7 @@ TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=
             moe_intermediate_size=64)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

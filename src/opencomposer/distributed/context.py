@@ -357,24 +357,6 @@ def split_batch(batch: Any, cp: int, rank: int) -> Any:
 # ------------------------------------------------------------------------------------------ MTP
 
 
-def _mtp_block(block: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """``model.mtp.MTPBlock.forward`` on local rows, its attention over the CP group (documents
-    start at position id 0, the block's rule)."""
-    from opencomposer.model.mtp import apply_rope, rope
-
-    b, t, _ = x.shape
-    y = block.attn_norm(x)
-    q = block.q_proj(y).view(b, t, block.heads, block.head_dim).transpose(1, 2)
-    k = block.k_proj(y).view(b, t, block.kv_heads, block.head_dim).transpose(1, 2)
-    v = block.v_proj(y).view(b, t, block.kv_heads, block.head_dim).transpose(1, 2)
-    cos, sin = rope(positions, block.head_dim, theta, x.dtype)
-    q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
-    out = _attend(q, k, v, "zero", None)
-    x = x + block.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-    y = block.mlp_norm(x)
-    return x + block.down_proj(F.silu(block.gate_proj(y)) * block.up_proj(y))
-
-
 def cp_mtp_distillation_loss(model: torch.nn.Module, logits: torch.Tensor, hidden: torch.Tensor,
                              input_ids: torch.Tensor, position_ids: torch.Tensor, group: Any = None,
                              targets: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
@@ -404,7 +386,9 @@ def cp_mtp_distillation_loss(model: torch.nn.Module, logits: torch.Tensor, hidde
         for k in depths:
             layer = model.mtp.layers[k - 1]
             tokens = shift_left(ids, k, group)
-            h = _mtp_block(layer.block, layer.combine(h, F.embedding(tokens, embed)), positions, theta)
+            # the block's own forward, its attention over the CP group (documents start at position id 0)
+            h = layer.block(layer.combine(h, F.embedding(tokens, embed)), positions, theta,
+                            attend=lambda q, k, v: _attend(q, k, v, "zero", None))
             draft = F.linear(layer.norm(h), head.weight.detach(), head.bias.detach() if head.bias is not None else None)
             valid = torch.ones_like(positions, dtype=torch.bool)
             for j in range(1, k + 1):  # tokens i+1 .. i+k stay in i's document and exist (fill 0 past the end)

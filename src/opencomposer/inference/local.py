@@ -469,14 +469,8 @@ class LocalEngine:
             from opencomposer.inference.speculative import speculative_chunk
 
             return speculative_chunk(self, prompts, indices, params, n, seed, row_seeds)
-        lengths = [len(prompts[i]) for i in indices]
-        width = max(lengths)
-        input_ids = torch.full((len(indices), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(indices), width), dtype=torch.long)
-        for r, i in enumerate(indices):
-            input_ids[r, width - lengths[r] :] = torch.tensor(prompts[i])
-            mask[r, width - lengths[r] :] = 1
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        lengths, input_ids, mask, position_ids = self._left_padded(prompts, indices)
+        width = input_ids.shape[1]
         rows = [_Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
         self._apply_staged()
         first_version = version = self.policy_version  # version: of the weights the next logits come from
@@ -561,6 +555,19 @@ class LocalEngine:
             if cache is not None:
                 self._store_rows(decoder, list(enumerate(live)), prompts, epoch)
         return [self._completion(row, first_version) for row in rows]
+
+    def _left_padded(self, prompts: list[list[int]], indices: list[int]
+                     ) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The chunk's prompts as a left-padded batch: lengths, input ids, mask (1 on real tokens)
+        and position ids, ``[prompts, longest]``."""
+        lengths = [len(prompts[i]) for i in indices]
+        width = max(lengths)
+        input_ids = torch.full((len(indices), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(indices), width), dtype=torch.long)
+        for r, i in enumerate(indices):
+            input_ids[r, width - lengths[r] :] = torch.tensor(prompts[i])
+            mask[r, width - lengths[r] :] = 1
+        return lengths, input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
     def _store_rows(
         self, decoder: InvariantDecoder, rows: list[tuple[int, _Row]], prompts: list[list[int]], epoch: int

@@ -199,14 +199,8 @@ def speculative_chunk(engine: LocalEngine, prompts: list[list[int]], indices: li
     from opencomposer.inference.local import _Row, row_seed, sample_tokens
 
     dev = engine.device
-    lengths = [len(prompts[i]) for i in indices]
-    width = max(lengths)
-    input_ids = torch.full((len(indices), width), engine.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(indices), width), dtype=torch.long)
-    for r, i in enumerate(indices):
-        input_ids[r, width - lengths[r]:] = torch.tensor(prompts[i])
-        mask[r, width - lengths[r]:] = 1
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    lengths, input_ids, mask, position_ids = engine._left_padded(prompts, indices)
+    width = input_ids.shape[1]
     rows = [_Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
     engine._apply_staged()
     first_version = version = engine.policy_version

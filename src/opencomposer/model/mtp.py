@@ -93,9 +93,10 @@ class MTPBlock(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, theta: float, attend=None) -> torch.Tensor:
         """``x`` [B, T, H] at ``positions`` [B, T]; attention is causal within each document (a
-        document starts where the position id is 0, as in packed rows)."""
+        document starts where the position id is 0, as in packed rows). ``attend(q, k, v)`` (heads
+        first, ``[B, heads, T, D]``) replaces that attention, as context parallelism does."""
         b, t, _ = x.shape
         y = self.attn_norm(x)
         q = self.q_proj(y).view(b, t, self.heads, self.head_dim).transpose(1, 2)
@@ -103,10 +104,13 @@ class MTPBlock(nn.Module):
         v = self.v_proj(y).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope(positions, self.head_dim, theta, x.dtype)
         q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
-        document = (positions == 0).cumsum(dim=-1)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        mask = causal[None] & (document[:, :, None] == document[:, None, :])
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+        if attend is None:
+            document = (positions == 0).cumsum(dim=-1)
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            mask = causal[None] & (document[:, :, None] == document[:, None, :])
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+        else:
+            out = attend(q, k, v)
         x = x + self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         y = self.mlp_norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
