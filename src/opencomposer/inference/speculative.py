@@ -46,7 +46,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -319,8 +318,3 @@ def _emit(engine: LocalEngine, row: Any, token: int, logprob: float, version: in
     row.logprobs.append(logprob)
     row.versions.append(version)
     row.finish = engine._finish_reason(row, token, params, stop_ids, stop_window, position=index)
-
-
-def acceptance_rate(stats: Any) -> float:
-    """Share of drafts kept, from ``LocalEngine.stats`` (nan before any draft)."""
-    return stats.draft_accepted / stats.draft_tokens if stats.draft_tokens else float(np.nan)
