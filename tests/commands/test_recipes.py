@@ -49,3 +49,11 @@ def test_a_recipe_path_wins_over_the_packaged_default(tmp_path: Path) -> None:
 def test_an_unknown_packaged_recipe_names_the_shipped_ones() -> None:
     with pytest.raises(ConfigError, match="no packaged recipe 'nope.toml'.*quickstart.toml"):
         packaged_recipe("nope.toml")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "recipes").glob("*.toml")))
+def test_every_recipe_of_the_repository_loads(name: str) -> None:
+    """Every shipped recipe resolves and passes every section's checks (a renamed key or a value
+    out of range would otherwise surface only when someone runs it)."""
+    config = load_recipe(ROOT / "recipes" / name)
+    assert config.run.name

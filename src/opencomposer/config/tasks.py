@@ -8,6 +8,8 @@ from typing import Literal
 
 from opencomposer.config.section import ConfigError, Section
 
+BUG_STYLES = ("function", "module", "behaviour")
+
 TaskFamily = Literal["", "tiny", "tiny-composed", "tiny-words", "tiny-long"]
 """A built-in family of ``opencomposer.tasks.generators.tiny`` (its ``FAMILIES``, ``tiny-long``
 included, which ``generators.long`` builds; a test keeps the two equal), or empty for none."""
@@ -33,6 +35,12 @@ class TasksConfig(Section):
     """Share of multi-file refactor tasks in a ``mixed`` stream."""
     multi_bug_fraction: float = 0.35
     """Share of bug tasks that inject two or three bugs, each in a different file."""
+    bug_styles: list[str] = field(default_factory=lambda: list(BUG_STYLES))
+    """How a single-bug task's report points at the bug, drawn uniformly from this list:
+    ``function`` (names the function and file: easy), ``module`` (the module only: medium),
+    ``behaviour`` (only the broken behaviour: hard). ``["function"]`` makes the easiest pool."""
+    max_turns: int = 40
+    """Turn budget written into every generated task (``[budgets] max_turns``)."""
     max_attempts: int = 40
     """Candidates tried for one task index before the index is given up (and reported)."""
     test_timeout_s: float = 120.0
@@ -57,6 +65,12 @@ class TasksConfig(Section):
         for name in ("multi_bug_fraction", "min_pass_to_pass"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"tasks.{name}: must be in [0, 1], got {getattr(self, name)}")
+        unknown = sorted(set(self.bug_styles) - set(BUG_STYLES))
+        if unknown or not self.bug_styles:
+            raise ConfigError(f"tasks.bug_styles: expected a non-empty list of {', '.join(BUG_STYLES)}, "
+                              f"got {self.bug_styles}")
+        if self.max_turns < 1:
+            raise ConfigError(f"tasks.max_turns: must be >= 1, got {self.max_turns}")
         if self.max_attempts < 1 or self.workers < 1:
             raise ConfigError(f"tasks.max_attempts and tasks.workers must be >= 1, got {self.max_attempts} "
                               f"and {self.workers}")

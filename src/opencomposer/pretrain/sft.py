@@ -71,15 +71,18 @@ def one_turn_oracle(task: Task) -> list[list[Any]]:
     return [[*calls, call("finish", message="Done.")]]
 
 
-def demonstration_script(task: Task) -> list[Any]:
+def demonstration_script(task: Task, demonstrations: str = "oracle") -> list[Any]:
     """What the teacher plays: a task's walkthrough when it has one (``solution/script.json``, e.g.
-    the ``tiny-long`` family: read each note in its own turn, then write), else ``one_turn_oracle``.
+    the ``tiny-long`` family: read each note in its own turn, then write), else ``one_turn_oracle``
+    or, with ``demonstrations = "explore"``, ``explore_script`` (find, read, edit, test, finish).
     A walkthrough runs under the recipe's ``agent.context_policy``, so with ``self_summary`` the
     demonstrations hold the oracle's summaries and the chains that follow them."""
-    from opencomposer.agent.policies.scripted import oracle_script
+    from opencomposer.agent.policies.scripted import explore_script, oracle_script
 
     if task.path is not None and (task.path / "solution" / "script.json").is_file():
         return list(oracle_script(task))
+    if demonstrations == "explore":
+        return explore_script(task)
     return one_turn_oracle(task)
 
 
@@ -90,7 +93,10 @@ def record_demonstrations(tasks: list[Task], tokenizer: Any, config: Config) -> 
     from opencomposer.agent.policies.scripted import ScriptedPolicy
     from opencomposer.sandbox.workspace import Sandbox
 
-    policy = ScriptedPolicy(demonstration_script, name="oracle", tokenizer=tokenizer)
+    def script(task: Task) -> list[Any]:
+        return demonstration_script(task, config.sft.demonstrations)
+
+    policy = ScriptedPolicy(script, name="oracle", tokenizer=tokenizer)
     episodes = []
     for task in tasks:
         with Sandbox(task.repo, config.sandbox, workdir=task.workdir) as sandbox:
@@ -164,7 +170,7 @@ def sft(
                                   total_steps=config.steps, min_lr_ratio=SFT_MIN_LR_RATIO)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            logprobs, _ = token_logprobs(model, batch, with_entropy=False)
+            logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=config.bf16)
             mask = batch.loss_mask
             loss = -torch.where(mask, logprobs, 0.0).sum() / mask.sum()
             optimizer.zero_grad(set_to_none=True)

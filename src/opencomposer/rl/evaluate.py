@@ -8,7 +8,8 @@ differ only by the weights.
 - ``mean_reward``: the RL reward (``rewards.episode_reward``) without the KL term, over scored
   episodes;
 - ``pass_at_1``: resolved rate over scored episodes (the unbiased pass@1 estimate from K samples);
-- ``best_of_k``: share of tasks with at least one resolved sample among their K.
+- ``best_of_k``: share of tasks with at least one resolved sample among their K;
+- ``format_error_rate``: share of the model's turns that could not be parsed into tool calls.
 
 Infrastructure failures are counted and left out, never scored as zeros.
 """
@@ -47,6 +48,7 @@ def evaluate(
     groups = run_groups(tasks, batcher, tokenizer, config, group_size=samples, seeds=seeds, out_dir=out_dir,
                         workers=config.rl.rollout_workers, grader=grader)
     rewards, resolved, best, tokens, turns = [], [], [], [], []
+    format_errors = 0
     infra = 0
     for group in groups:
         scored = [e for e in group.episodes if e.scored]
@@ -61,6 +63,7 @@ def evaluate(
             resolved.append(float(episode.grade.resolved))
             tokens.append(sum(len(turn.token_ids) for turn in episode.turns))
             turns.append(len(episode.turns))
+            format_errors += sum(turn.format_error is not None for turn in episode.turns)
         best.append(max(float(episode.grade.resolved) for episode in scored))
 
     def mean(values: list[float]) -> float:
@@ -76,5 +79,6 @@ def evaluate(
         "episodes_infra_error": float(infra),
         "episode_tokens": mean(tokens),
         "episode_turns": mean(turns),
+        "format_error_rate": format_errors / sum(turns) if sum(turns) else float("nan"),
         **chain_metrics([e for group in groups for e in group.episodes]),
     }

@@ -223,6 +223,98 @@ def _hunk_edits(original: str, hunks: list) -> list[tuple[str, str]] | None:
     return edits
 
 
+READ_CONTEXT_LINES = 10  # explore_script reads this many lines either side of a change outside any function
+
+
+def explore_script(task: Task) -> list[ScriptTurn]:
+    """The gold patch replayed the way an engineer works, one step per turn: find the function
+    around each change (``grep`` for its ``def``), read it (``read_file`` of exactly its lines),
+    fix it with the smallest edits (only the changed lines, widened with context lines until the
+    old text is unique), run the task's tests, ``finish``. SFT on these episodes teaches the
+    read → edit → test → finish pattern (``sft.demonstrations = "explore"``).
+
+    Falls back to ``oracle_script`` for a task this cannot express: a walkthrough of its own, no
+    gold patch, or a patch that creates, deletes, renames or binary-changes a file."""
+    import ast
+
+    if task.path is not None and (task.path / SCRIPT_FILE).is_file() or not task.gold_patch:
+        return oracle_script(task)
+    patches = parse_patch(task.gold_patch)
+    if any(fp.binary or fp.old_path is None or fp.old_path != fp.new_path or fp.new_mode for fp in patches):
+        return oracle_script(task)
+    greps: list[ToolCall] = []
+    reads: list[ToolCall] = []
+    edits: list[ToolCall] = []
+    for fp in patches:
+        original = (task.repo / fp.path).read_bytes().decode("utf-8")
+        try:
+            functions = [node for node in ast.walk(ast.parse(original))
+                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        except SyntaxError:
+            functions = []
+        spans: list[tuple[int, int, str | None]] = []
+        for hunk in fp.hunks:
+            first = hunk.old_start + _leading_context(hunk)
+            around = [f for f in functions if f.lineno <= first <= (f.end_lineno or f.lineno)]
+            if around:  # the innermost function holding the first changed line
+                f = max(around, key=lambda f: f.lineno)
+                span = (f.lineno, f.end_lineno or f.lineno, f.name)
+            else:
+                span = (max(1, first - READ_CONTEXT_LINES), first + READ_CONTEXT_LINES, None)
+            if span not in spans:
+                spans.append(span)
+        for start, end, name in spans:
+            if name is not None:
+                greps.append(call("grep", pattern=rf"def {name}\b", path=fp.path))
+            reads.append(call("read_file", path=fp.path, offset=start, limit=end - start + 1))
+        minimal = _minimal_edits(original, fp.hunks)
+        if minimal is None:
+            return oracle_script(task)
+        edits += [call("edit", path=fp.path, old=old, new=new) for old, new in minimal]
+    turns: list[ScriptTurn] = []
+    if greps:
+        turns.append(NotedTurn(greps, "found the code at fault"))
+    turns += [NotedTurn(reads, "read the code at fault"), NotedTurn(edits, "fixed it"),
+              NotedTurn([call("run", command=task.test_command)], "ran the tests"),
+              [call("finish", message="Fixed the bug; the tests pass.")]]
+    return turns
+
+
+def _leading_context(hunk: Any) -> int:
+    """Unchanged lines at the start of a hunk (its context before the first change)."""
+    n = 0
+    while n < min(len(hunk.old_lines), len(hunk.new_lines)) and hunk.old_lines[n] == hunk.new_lines[n]:
+        n += 1
+    return n
+
+
+def _minimal_edits(original: str, hunks: list) -> list[tuple[str, str]] | None:
+    """One (old, new) edit per hunk holding only its changed lines, widened by one context line at
+    a time (before, then after) until the old text occurs exactly once; None if none is unique."""
+    current, edits = original, []
+    for hunk in hunks:
+        old_lines, new_lines = hunk.old_lines, hunk.new_lines
+        lead = _leading_context(hunk)
+        trail = 0
+        while (trail < min(len(old_lines), len(new_lines)) - lead
+               and old_lines[len(old_lines) - 1 - trail] == new_lines[len(new_lines) - 1 - trail]):
+            trail += 1
+        lo, hi_old, hi_new = lead, len(old_lines) - trail, len(new_lines) - trail
+        while True:
+            old, new = "".join(old_lines[lo:hi_old]), "".join(new_lines[lo:hi_new])
+            if old and current.count(old) == 1:
+                break
+            if lo > 0:
+                lo -= 1
+            elif hi_old < len(old_lines):
+                hi_old, hi_new = hi_old + 1, hi_new + 1
+            else:
+                return None
+        current = current.replace(old, new, 1)
+        edits.append((old, new))
+    return edits
+
+
 def oracle_policy(argument: str = "", config: Any = None) -> ScriptedPolicy:
     return ScriptedPolicy(oracle_script, name="oracle")
 

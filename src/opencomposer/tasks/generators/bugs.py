@@ -313,7 +313,7 @@ class BugGenerator:
         mutations = sorted(mutations, key=lambda m: (m.path, m.line))
         broken = apply_mutations(source.tree, mutations)
         tests = source.tests_tree()
-        style = rng.choice(("function", "module", "behaviour")) if len(mutations) == 1 else "several"
+        style = rng.choice(self.lab.config.bug_styles) if len(mutations) == 1 else "several"
         template = rng.randrange(3)
         label = ", ".join(f"{m.path}:{m.line} {m.operator}" for m in mutations)
 

@@ -55,7 +55,7 @@ from opencomposer.types import Task
 GENERATOR_KINDS = ("bugs", "deletion", "refactor")
 KINDS = (*GENERATOR_KINDS, "mixed")
 SPLITS = ("train", "heldout")
-BUDGETS = {"max_turns": 40, "max_wall_s": 900}
+MAX_WALL_S = 900  # every generated task's wall-clock budget; its turn budget is tasks.max_turns
 POOL_STRIDE = 7919  # where a rejected pool candidate's retry looks next: far from the indices around it
 
 
@@ -158,7 +158,7 @@ class TaskFactory:
             try:
                 candidate = generator.propose(source, rng) if pool is None else generator.build(item, rng)
                 label = f"{source.name}: {candidate.label}"
-                task = realize(candidate, self.lab, folder, task_id, budgets=BUDGETS)
+                task = realize(candidate, self.lab, folder, task_id, budgets={"max_turns": self.config.max_turns, "max_wall_s": MAX_WALL_S})
             except Rejected as e:
                 attempts.append(Attempt(label, str(e)))
                 continue
