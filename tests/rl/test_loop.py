@@ -42,6 +42,7 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     evaluation = rows[0]
     assert evaluation["tasks"] == 2 and evaluation["k"] == 2 and evaluation["episodes"] + evaluation["episodes_infra_error"] == 4
     assert 0.0 <= evaluation["pass_at_1"] <= evaluation["best_of_k"] <= 1.0
+    assert 0.0 <= evaluation["format_error_rate"] <= 1.0
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001", "step-000002"]
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert (run_dir / "initial" / "model.safetensors").is_file()

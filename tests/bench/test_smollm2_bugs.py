@@ -1,0 +1,56 @@
+"""``benchmarks/smollm2_bugs.py`` (issue 17) shrunk: SmolLM2-135M end to end on real bug tasks.
+
+Every stage of the experiment at its smallest (``--quick``: 8 demonstrations, 8 SFT steps, 2 RL
+steps, 2 held-out tasks x 2 samples) into ``tmp_path``: the pool is made and split, the base model
+is evaluated, SFT's loss falls, the SFT model makes fewer format errors per turn than the base
+model on the held-out tasks, RL steps run and are evaluated, the JSON and the plot are written,
+and a rerun reuses every finished stage. Slow (about 10 minutes on two cores): the numbers of the
+full run are in docs/LOG.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "smollm2_bugs.py"
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.bwrap]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("smollm2_bugs", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_end_to_end(tmp_path, smollm2):
+    script = _script()
+    argv = ["--quick", "--out-dir", str(tmp_path / "work"), "--results", str(tmp_path / "results")]
+    results = script.main(argv)
+    assert json.loads((tmp_path / "results" / "smollm2_bugs_quick.json").read_text()) == results
+    assert (tmp_path / "results" / "smollm2_bugs_quick.png").stat().st_size > 0
+
+    pools = results["pools"]
+    assert [pools[name]["tasks"] for name in ("sft", "rl", "heldout")] == [8, 2, 2]
+    assert not set(pools["heldout"]["projects"]) & (set(pools["sft"]["projects"]) | set(pools["rl"]["projects"]))
+
+    loss = [row["loss"] for row in results["sft_loss"]]
+    assert len(loss) == 8 and loss[-1] < loss[0]
+    base, sft = results["base"], results["rl_evals"][0]
+    assert base["format_error_rate"] > sft["format_error_rate"]
+    assert [row["step"] for row in results["rl_train"]] == [1, 2]
+    assert [row["step"] for row in results["rl_evals"]] == [0, 2]
+    for row in [base, *results["rl_evals"]]:
+        assert 0.0 <= row["pass_at_1"] <= row["best_of_k"] <= 1.0 and not math.isnan(row["format_error_rate"])
+
+    started = time.perf_counter()  # every stage is done: a rerun only reads and plots
+    again = script.main(argv)
+    assert time.perf_counter() - started < 60
+    assert again["rl_evals"] == results["rl_evals"] and again["sft_loss"] == results["sft_loss"]
