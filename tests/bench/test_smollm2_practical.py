@@ -1,0 +1,62 @@
+"""``benchmarks/smollm2_practical.py`` (issue 17): the script's ``--quick`` mode end to end.
+
+SmolLM2-135M on two oracle episodes of real bug tasks (the sandbox plays them), one repeat of
+every measurement at tiny sizes: the JSON has all five, each with two positive times and a
+finite speed-up; bf16 autocast changes the SFT loss by well under 5% (the accuracy it trades is
+small, whatever the speed); the shared-prefix forward computes the same loss up to bf16 rounding
+(the two bf16 forwards round differently: on this CPU the full-sequence one lands further from
+fp32); the turn-cap share is a share. Speed-ups are not asserted: at these sizes, on a shared machine, they are noise (the
+full run's numbers go to docs/LOG.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "smollm2_practical.py"
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.bwrap]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("smollm2_practical", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_measures_every_speedup_side_by_side(tmp_path, smollm2, capsys):
+    script = _script()
+    out = tmp_path / "results" / "smollm2_practical.json"
+    results = script.main(["--quick", "--threads", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+
+    measurements = results["measurements"]
+    assert list(measurements) == list(script.MEASUREMENTS)
+    for name, row in measurements.items():
+        assert len(row["settings"]) == 2 and len(row["seconds"]) == 2, name
+        assert all(seconds > 0 for seconds in row["seconds"]), (name, row["seconds"])
+        assert math.isfinite(row["speedup"]) and row["speedup"] > 0, (name, row["speedup"])
+    table = capsys.readouterr().out
+    assert all(name in table for name in script.MEASUREMENTS) and "speed-up" in table
+
+    bf16 = measurements["bf16"]
+    assert all(math.isfinite(loss) and loss > 0 for loss in bf16["loss"])
+    assert bf16["loss_rel_diff"] < 0.05, bf16["loss"]
+    assert bf16["grad_norm_rel_diff"] < 0.25, bf16["grad_norm"]
+    assert bf16["batch"]["shared_prefix_tokens"] > 1000  # the system prompt and tool list
+    assert measurements["shared_prefix"]["loss_rel_diff"] < 0.05  # the same function, computed once
+
+    kv = measurements["kv_cache"]
+    assert kv["turns"] == 5 and kv["context_tokens"] == sorted(kv["context_tokens"])
+    assert kv["prefill_tokens"][1] < kv["prefill_tokens"][0]  # the cache reuses each turn's prefix
+
+    cap = measurements["turn_cap"]
+    assert cap["caps"] == [32, 16]
+    assert all(0.0 <= share <= 1.0 for share in cap["cap_hit_share"])
+    assert all(0 < tokens <= limit for tokens, limit in zip(cap["tokens_per_turn"], cap["caps"]))
