@@ -99,6 +99,13 @@ prefills only the new tokens:
   on what shares its batch, but it may depend, at that rounding level, on which earlier calls
   left a prefix in the cache (with the batching front-end, on their timing and on evictions).
   Runs that must reproduce bit for bit leave the cache off.
+- *Memory.* The stored keys and values are many buffers of a megabyte or two (one per layer and
+  entry), allocated and freed as entries come and go, from every rollout thread. glibc's malloc
+  keeps such freed buffers in its per-thread heaps rather than returning them, and the process
+  grew past 20 GB on SmolLM2 agent evaluations with a 3 GB cache (docs/LOG.md, issue 17). With the
+  cache on, the engine has glibc serve every allocation of ``MMAP_THRESHOLD_BYTES`` or more by
+  ``mmap`` (``mmap_large_allocations``), whose buffers go back to the system when freed: the same
+  run stayed at about 5 GB. (Setting ``MALLOC_MMAP_THRESHOLD_`` in the environment does the same.)
 - *Stats.* ``LocalEngine.stats`` counts the prompt positions prefilled
   (``prefill_tokens``) and those served from the cache (``prefill_tokens_reused``), cache on or
   off, for the agent loop's metrics and ``benchmarks/prefix_cache.py``.
@@ -201,6 +208,24 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     m = min(len(a), len(b))
     differ = np.flatnonzero(a[:m] != b[:m])
     return int(differ[0]) if differ.size else m
+
+
+MMAP_THRESHOLD_BYTES = 1 << 20
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def mmap_large_allocations(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Have glibc's malloc serve allocations of ``threshold_bytes`` or more with ``mmap``, so that
+    they return to the system when freed (module doc, prefix cache: memory). Process-wide; True if
+    it took effect, False where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
+    except (OSError, AttributeError):
+        return False
 
 
 class PrefixCache:
@@ -364,6 +389,8 @@ class LocalEngine:
         self._generating = 0  # generate calls running
         self.prefix_cache = (PrefixCache(prefix_cache_tokens)
                              if prefix_cache_tokens and self.batch_invariant else None)
+        if self.prefix_cache is not None:
+            mmap_large_allocations()  # its churn of megabyte buffers would otherwise pile up (module doc)
         self.stats = EngineStats()
 
     # ------------------------------------------------------------------------------------------
