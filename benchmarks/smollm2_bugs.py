@@ -171,7 +171,31 @@ def run_rl_stage(config) -> tuple[list[dict], list[dict]]:
     train = [{"step": r["step"], **{k: r[k] for k in keep_train if k in r}}
              for r in read_metrics(config.run.path, kind="train")]
     evals = read_metrics(config.run.path, kind="eval")
+    for row in train:  # what the rollouts did, from their records: ended by finish, terms of the reward
+        row.update(rollout_summary(config.run.path / "rollouts" / f"step-{row['step']:06d}.jsonl"))
     return train, evals
+
+
+def rollout_summary(path: Path) -> dict[str, float]:
+    """Shares and means over one step's rollouts (``rollouts/step-NNNNNN.jsonl``): ended with a
+    status of ok, resolved, and the mean of the reward terms that say how far an episode got
+    (``fail_to_pass``: hidden tests fixed; ``broken_tool_calls``: calls that failed, e.g. an edit
+    whose old text is not in the file)."""
+    if not path.is_file():
+        return {}
+    episodes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not episodes:
+        return {}
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    return {
+        "episodes_ok": mean([float(e["status"] == "ok") for e in episodes]),
+        "episode_turns_train": mean([float(e["turns"]) for e in episodes]),
+        **{f"term_{name}": mean([float(e["terms"].get(name, 0.0)) for e in episodes])
+           for name in ("fail_to_pass", "pass_to_pass", "broken_tool_calls")},
+    }
 
 
 EVAL_KEYS = ("pass_at_1", "best_of_k", "format_error_rate", "mean_reward", "episode_turns", "episode_tokens",

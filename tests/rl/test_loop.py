@@ -43,6 +43,11 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     assert evaluation["tasks"] == 2 and evaluation["k"] == 2 and evaluation["episodes"] + evaluation["episodes_infra_error"] == 4
     assert 0.0 <= evaluation["pass_at_1"] <= evaluation["best_of_k"] <= 1.0
     assert 0.0 <= evaluation["format_error_rate"] <= 1.0
+    # every held-out episode is on record, its turns' text with them
+    held_out = [json.loads(line) for line in (run_dir / "eval" / "step-000000.jsonl").read_text().splitlines()]
+    assert len(held_out) == 4 and all(e["turns"] and "text" in e["turns"][0] for e in held_out)
+    errors = sum(t["format_error"] is not None for e in held_out for t in e["turns"])
+    assert errors / sum(len(e["turns"]) for e in held_out) == pytest.approx(evaluation["format_error_rate"])
     assert [p.name for p in list_checkpoints(run_dir)] == ["step-000001", "step-000002"]
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert (run_dir / "initial" / "model.safetensors").is_file()

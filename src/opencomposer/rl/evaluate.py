@@ -11,11 +11,14 @@ differ only by the weights.
 - ``best_of_k``: share of tasks with at least one resolved sample among their K;
 - ``format_error_rate``: share of the model's turns that could not be parsed into tool calls.
 
-Infrastructure failures are counted and left out, never scored as zeros.
+Infrastructure failures are counted and left out, never scored as zeros. With ``record``, every
+episode is also written there, one JSON line each (``episode_record``: status, resolved, the text
+of every turn and its format error), so that what a policy does on held-out tasks can be read.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,9 +43,10 @@ def evaluate(
     *,
     out_dir: Path | None = None,
     grader: Callable[..., Grade] = grade,
+    record: Path | None = None,
 ) -> dict[str, float]:
     """Run ``rl.eval_samples`` episodes of each task; returns the metrics named in the module doc.
-    ``grader`` as in ``envs.rollout.run_episode``."""
+    ``grader`` as in ``envs.rollout.run_episode``; ``record``: a JSON-lines file for the episodes."""
     samples = config.rl.eval_samples
     seeds = [[episode_seed(config.run.seed, "eval", t, j) for j in range(samples)] for t in range(len(tasks))]
     groups = run_groups(tasks, batcher, tokenizer, config, group_size=samples, seeds=seeds, out_dir=out_dir,
@@ -66,6 +70,13 @@ def evaluate(
             format_errors += sum(turn.format_error is not None for turn in episode.turns)
         best.append(max(float(episode.grade.resolved) for episode in scored))
 
+    if record is not None:
+        from opencomposer.io import atomic_write_text
+
+        record.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record, "".join(json.dumps(episode_record(group.task, episode)) + "\n"
+                                          for group in groups for episode in group.episodes))
+
     def mean(values: list[float]) -> float:
         return float(np.mean(values)) if values else float("nan")
 
@@ -81,4 +92,18 @@ def evaluate(
         "episode_turns": mean(turns),
         "format_error_rate": format_errors / sum(turns) if sum(turns) else float("nan"),
         **chain_metrics([e for group in groups for e in group.episodes]),
+    }
+
+
+def episode_record(task: Task, episode: Any) -> dict[str, Any]:
+    """One evaluated episode as plain JSON: how it ended, its grade, and every turn's text with
+    its format error (None when the turn parsed) and the tool calls it made."""
+    return {
+        "task_id": task.id, "sample": episode.sample_index, "status": episode.status.value,
+        "end_reason": getattr(episode.end_reason, "value", episode.end_reason),
+        "resolved": None if episode.grade is None else float(episode.grade.resolved),
+        "fail_to_pass": None if episode.grade is None else episode.grade.fail_to_pass,
+        "error": episode.error,
+        "turns": [{"text": turn.text, "format_error": turn.format_error,
+                   "tool_calls": [call.name for call in turn.tool_calls]} for turn in episode.turns],
     }

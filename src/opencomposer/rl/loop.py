@@ -257,7 +257,8 @@ class RLRun:
     def evaluate(self) -> dict[str, float]:
         from opencomposer.rl.evaluate import evaluate
 
-        metrics = evaluate(self.heldout, self.batcher, self.tokenizer, self.config, grader=self.grader)
+        metrics = evaluate(self.heldout, self.batcher, self.tokenizer, self.config, grader=self.grader,
+                           record=self.run_dir / "eval" / f"step-{self.state.step:06d}.jsonl")
         self.log.log(self.state.step, "eval", metrics)
         self.evaluations.append({"step": self.state.step, **metrics})
         return metrics
