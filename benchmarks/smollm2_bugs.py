@@ -198,6 +198,37 @@ def rollout_summary(path: Path) -> dict[str, float]:
     }
 
 
+def edit_diagnostics(record: Path, tasks_folder: Path) -> dict[str, float]:
+    """How the held-out episodes of one evaluation (``rl/eval/step-N.jsonl``) used ``edit``: the
+    edits made, the share naming a file that exists, and the share whose ``old`` text occurs
+    exactly once in it (an edit that applies). Read against the task's workspace as it starts,
+    which is what a first edit of each file sees."""
+    from opencomposer.agent.protocol import parse_turn
+    from opencomposer.tasks.format import load_task
+
+    if not record.is_file():
+        return {}
+    tasks: dict[str, Any] = {}
+    edits = exists = applies = 0
+    for line in record.read_text().splitlines():
+        episode = json.loads(line)
+        task = tasks.get(episode["task_id"]) or tasks.setdefault(
+            episode["task_id"], load_task(tasks_folder / episode["task_id"]))
+        for turn in episode["turns"]:
+            for call in parse_turn(turn["text"]).calls if "edit" in turn["tool_calls"] else []:
+                if call.name != "edit":
+                    continue
+                edits += 1
+                target = task.repo / str(call.arguments.get("path", ""))
+                if not target.is_file():
+                    continue
+                exists += 1
+                old = str(call.arguments.get("old", ""))
+                applies += bool(old) and target.read_text(encoding="utf-8", errors="replace").count(old) == 1
+    return {"edits": float(edits), "edit_path_exists": exists / edits if edits else float("nan"),
+            "edit_applies": applies / edits if edits else float("nan")}
+
+
 EVAL_KEYS = ("pass_at_1", "best_of_k", "format_error_rate", "mean_reward", "episode_turns", "episode_tokens",
              "episodes", "episodes_infra_error")
 
@@ -268,7 +299,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {
         "recipe": str(args.recipe), "overrides": args.overrides, "quick": args.quick,
         "k": config.rl.eval_samples, "pools": pools, "base": base, "sft_loss": sft_loss,
-        "rl_evals": [{"step": int(r["step"]), **eval_row(r)} for r in evals], "rl_train": train,
+        "rl_evals": [{"step": int(r["step"]), **eval_row(r),
+                      **edit_diagnostics(config.run.path / "eval" / f"step-{int(r['step']):06d}.jsonl",
+                                         Path(config.rl.eval_suite))} for r in evals],
+        "rl_train": train,
         "seconds_this_run": round(time.perf_counter() - started, 1),
     }
     name = "smollm2_bugs_quick" if args.quick else "smollm2_bugs"
