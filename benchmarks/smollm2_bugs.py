@@ -94,8 +94,8 @@ def write_json(path: Path, data: Any) -> None:
 # ----------------------------------------------------------------------------------------------
 def make_pool(config, out: Path) -> dict[str, Any]:
     """Stage 1: the three task folders (``generate`` reuses every task folder already made)."""
-    from opencomposer.tasks.generators.registry import TaskFactory, generate
     from opencomposer.tasks.format import load_suite
+    from opencomposer.tasks.generators.registry import TaskFactory, generate
 
     def made(name: str, split: str, count: int, start: int) -> tuple[list, int]:
         folder = out / "tasks" / name
@@ -256,7 +256,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             axes[1].axhline(base[key], ls=":", color=line[0].get_color(), label=f"{label}, base model")
     axes[1].set(title="held-out resolve rate", xlabel="RL step", ylim=(-0.02, 1.02))
     axes[1].legend(fontsize=7)
-    labels = (["base"] if base else []) + [f"SFT" if r["step"] == 0 else f"RL {r['step']}" for r in rl_evals]
+    labels = (["base"] if base else []) + ["SFT" if r["step"] == 0 else f"RL {r['step']}" for r in rl_evals]
     values = ([base["format_error_rate"]] if base else []) + [r["format_error_rate"] for r in rl_evals]
     axes[2].bar(labels, values, color="tab:red")
     axes[2].set(title="format errors per turn (held-out)", ylim=(0, 1.02))
