@@ -9,23 +9,18 @@ finished stage instead of training again. The ordering itself is measured by the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "loss_predicts_rl.py"
+from tests.bench import load_benchmark
 
 pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("loss_predicts_rl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("loss_predicts_rl")
 
 
 def test_spearman_against_known_rankings():

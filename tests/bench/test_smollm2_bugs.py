@@ -10,24 +10,19 @@ full run are in docs/LOG.md.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import time
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "smollm2_bugs.py"
+from tests.bench import load_benchmark
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.bwrap]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("smollm2_bugs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("smollm2_bugs")
 
 
 def test_quick_run_end_to_end(tmp_path, smollm2):

@@ -11,23 +11,18 @@ full run's numbers go to docs/LOG.md).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "smollm2_practical.py"
+from tests.bench import load_benchmark
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.bwrap]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("smollm2_practical", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("smollm2_practical")
 
 
 def test_quick_run_measures_every_speedup_side_by_side(tmp_path, smollm2, capsys):

@@ -158,7 +158,8 @@ class TaskFactory:
             try:
                 candidate = generator.propose(source, rng) if pool is None else generator.build(item, rng)
                 label = f"{source.name}: {candidate.label}"
-                task = realize(candidate, self.lab, folder, task_id, budgets={"max_turns": self.config.max_turns, "max_wall_s": MAX_WALL_S})
+                budgets = {"max_turns": self.config.max_turns, "max_wall_s": MAX_WALL_S}
+                task = realize(candidate, self.lab, folder, task_id, budgets=budgets)
             except Rejected as e:
                 attempts.append(Attempt(label, str(e)))
                 continue
