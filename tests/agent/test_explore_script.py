@@ -5,6 +5,7 @@ cannot express."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,8 @@ def test_the_turns_are_grep_read_edit_test_finish(tmp_path):
     turns = explore_script(task)
     assert [[c.name for c in turn] for turn in turns] == [["grep"], ["read_file"], ["edit"], ["run"], ["finish"]]
     grep, read, edit, test = turns[0][0], turns[1][0], turns[2][0], turns[3][0]
-    assert grep.arguments == {"pattern": r"def total\b", "path": "src/money.py"}
+    # the whole workspace: the path and line the next turn reads come from this turn's output
+    assert grep.arguments == {"pattern": r"def total\b"}
     # exactly the function's lines: `def total` is line 4, its last line 8
     assert read.arguments == {"path": "src/money.py", "offset": 4, "limit": 5}
     # only the changed line, not the hunk's context
@@ -106,6 +108,9 @@ def test_the_exploring_oracle_resolves_generated_bug_tasks(tmp_path):
         assert episode.status == EpisodeStatus.OK, episode.error
         assert episode.grade.resolved, task.id
         assert [t.tool_calls[0].name for t in episode.turns] == ["grep", "read_file", "edit", "run", "finish"]
+        grep, read = episode.turns[0].tool_calls[0].arguments, episode.turns[1].tool_calls[0].arguments
+        assert "path" not in grep  # the read's path and line are what a workspace-wide grep prints
+        assert re.match(grep["pattern"], (task.repo / read["path"]).read_text().splitlines()[read["offset"] - 1].strip())
 
 
 def test_sft_demonstrations_is_checked():

@@ -228,7 +228,8 @@ READ_CONTEXT_LINES = 10  # explore_script reads this many lines either side of a
 
 def explore_script(task: Task) -> list[ScriptTurn]:
     """The gold patch replayed the way an engineer works, one step per turn: find the function
-    around each change (``grep`` for its ``def``), read it (``read_file`` of exactly its lines),
+    around each change (``grep`` for its ``def`` over the whole workspace, so the file and line
+    the read goes to are in the observation before it), read it (``read_file`` of exactly its lines),
     fix it with the smallest edits (only the changed lines, widened with context lines until the
     old text is unique), run the task's tests, ``finish``. SFT on these episodes teaches the
     read → edit → test → finish pattern (``sft.demonstrations = "explore"``).
@@ -265,7 +266,7 @@ def explore_script(task: Task) -> list[ScriptTurn]:
                 spans.append(span)
         for start, end, name in spans:
             if name is not None:
-                greps.append(call("grep", pattern=rf"def {name}\b", path=fp.path))
+                greps.append(call("grep", pattern=rf"def {name}\b"))
             reads.append(call("read_file", path=fp.path, offset=start, limit=end - start + 1))
         minimal = _minimal_edits(original, fp.hunks)
         if minimal is None:
