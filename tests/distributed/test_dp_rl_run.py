@@ -1,5 +1,6 @@
-"""``opencomposer rl`` at ``trainer.world_size = 2`` end to end (gloo, 2 processes, the tiny recipe):
-the same run folder layout, the same exactly-once record and the same weights as world size 1."""
+"""``opencomposer rl`` at ``trainer.world_size = 2`` end to end (gloo, 2 processes, the tiny recipe),
+data-parallel and context-parallel (``parallel.cp = 2``): the same run folder layout, the same
+exactly-once record and the same weights as world size 1."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ SHRUNK = ["model.path=", "rl.steps=2", "rl.batch_tasks=2", "rl.group_size=4", "r
           "rl.checkpoint_every=2", "sampling.max_new_tokens=24"]
 
 
-def run(tmp_path: Path, world_size: int) -> Path:
-    name = f"ws{world_size}"
-    sets = [a for s in [*SHRUNK, f"run.out_dir={tmp_path}", f"run.name={name}", f"trainer.world_size={world_size}"]
+def run(tmp_path: Path, world_size: int, cp: int = 1) -> Path:
+    name = f"ws{world_size}-cp{cp}"
+    sets = [a for s in [*SHRUNK, f"run.out_dir={tmp_path}", f"run.name={name}", f"trainer.world_size={world_size}",
+                        f"parallel.cp={cp}"]
             for a in ("--set", s)]
     subprocess.run([sys.executable, "-m", "opencomposer.cli", "rl", "--recipe", str(RECIPE), *sets], check=True,
                    timeout=900)
@@ -30,10 +32,16 @@ def files(run_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file() and "tb" not in p.parts)
 
 
-def test_an_rl_run_at_world_size_2_equals_world_size_1(tmp_path: Path):
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    return run(tmp_path_factory.mktemp("single"), 1)
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_an_rl_run_at_world_size_2_equals_world_size_1(single: Path, tmp_path: Path, cp: int):
     from safetensors.torch import load_file
 
-    one, two = run(tmp_path, 1), run(tmp_path, 2)
+    one, two = single, run(tmp_path, 2, cp)
     assert files(one) == files(two)
     a = load_file(one / "checkpoints/step-000002/model/model.safetensors")
     b = load_file(two / "checkpoints/step-000002/model/model.safetensors")

@@ -14,9 +14,10 @@ def main(args: argparse.Namespace) -> int:
     from opencomposer.distributed.runtime import launch, under_launcher
 
     if config.rl.mode == "async":
-        if config.trainer.world_size > 1 or under_launcher():
+        if config.trainer.world_size > 1 or config.parallel.cp > 1 or under_launcher():
             raise ConfigError('rl.mode = "async" trains in one process; data parallelism '
-                              "(trainer.world_size > 1, torchrun) runs with the synchronous loop only so far")
+                              "(trainer.world_size > 1, torchrun) and context parallelism (parallel.cp > 1) "
+                              "run with the synchronous loop only so far")
         from opencomposer.services.async_rl import run_async
 
         summary = run_async(config)

@@ -4,8 +4,9 @@
 ``pretrain`` spawn them, or ``torchrun`` does and the environment says so), the collective backend,
 and the rendezvous port of a spawned group. ``[parallel]`` names the axes beyond data parallelism:
 context parallelism (``cp``, one sequence's tokens split over ranks) and expert parallelism (``ep``,
-a MoE layer's experts split over ranks). ``cp`` accepts only 1 and refuses anything larger with a
-ConfigError, so a recipe never believes it runs a parallelism it does not get. ``ep`` is accepted:
+a MoE layer's experts split over ranks). ``cp > 1`` runs in ``opencomposer rl`` (the synchronous
+loop); the other commands refuse it with a ConfigError, so a recipe never believes it runs a
+parallelism it does not get. ``ep`` is accepted:
 the expert-parallel layer exists (``opencomposer.distributed.expert``), but the commands do not
 build expert-parallel groups yet, so ``distributed.runtime.launch`` still stops a run with
 ``ep > 1`` (docs/distributed.md, "Expert parallelism").
@@ -47,8 +48,10 @@ class ParallelConfig(Section):
     cp: int = 1
     """Context-parallel degree: ranks that split one sequence's tokens, each holding chunks ``r``
     and ``2·cp−1−r`` of ``2·cp``, keys and values all-gathered for attention
-    (``opencomposer.distributed.context``, docs/context-parallel.md). The layer and its equality
-    tests exist; the runners do not build context-parallel groups yet, so only 1 is accepted."""
+    (``opencomposer.distributed.context``, docs/context-parallel.md). ``trainer.world_size`` must be
+    a multiple of ``cp``: ``world_size / cp`` data-parallel shares of each step's rows, each computed
+    by ``cp`` ranks. Runs in ``opencomposer rl`` (synchronous loop); ``pretrain``, ``sft`` and
+    ``rl.mode = "async"`` refuse ``cp > 1``."""
     ep: int = 1
     """Expert-parallel degree: ranks that split each MoE layer's routed experts
     (``opencomposer.distributed.expert``). Every rank of an expert-parallel group of ``ep`` ranks
@@ -66,11 +69,5 @@ class ParallelConfig(Section):
     def validate(self) -> None:
         if self.cp < 1:
             raise ConfigError(f"parallel.cp: must be >= 1, got {self.cp}")
-        if self.cp > 1:
-            raise ConfigError(
-                f"parallel.cp = {self.cp}: context parallelism (splitting a sequence over ranks) exists as a layer "
-                "(opencomposer.distributed.context) but the rl and pretrain runners do not use it yet; only data "
-                "parallelism runs (trainer.world_size). Set parallel.cp = 1"
-            )
         if self.ep < 1:
             raise ConfigError(f"parallel.ep: must be a positive integer (ranks per expert-parallel group), got {self.ep}")

@@ -50,6 +50,12 @@ class Config(Section):
                 f"numerics.recipe = {self.numerics.recipe!r} converts MoE experts, and model.kind = \"smollm2\" "
                 'is dense; use a MoE model (model.kind = "tiny_moe", "tiny_deepseek_v3" or an "hf" MoE folder)'
             )
+        # a context-parallel group is cp ranks of the trainer's group (distributed.runtime); under
+        # torchrun (world_size 1 here) the launcher's WORLD_SIZE is checked when the group forms
+        cp, size = self.parallel.cp, self.trainer.world_size
+        if cp > 1 and size > 1 and size % cp:
+            raise ConfigError(f"parallel.cp = {cp}: trainer.world_size = {size} is not a multiple of it "
+                              f"(each context-parallel group is {cp} ranks)")
         # The sandbox clamps every command to max_timeout_s: a longer test limit would silently not hold.
         for key, timeout_s in (("grading.timeout_s", self.grading.timeout_s),
                                ("tasks.test_timeout_s", self.tasks.test_timeout_s)):

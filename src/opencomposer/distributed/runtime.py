@@ -13,6 +13,13 @@ Two ways to run N data-parallel ranks (``trainer.world_size = N``):
 The backend is ``gloo`` on CPU and ``nccl`` on CUDA (``trainer.backend = "auto"``); each CUDA rank
 uses the GPU of its ``LOCAL_RANK``. ``World`` wraps the few collectives the trainers use, so the
 single-process case (``World.size == 1``, no process group) runs the same code without any.
+
+**Context parallelism** (``parallel.cp = c``, ``trainer.world_size`` a multiple of ``c``): the ranks
+form a ``(size / c) × c`` grid, rank ``r`` at data-parallel position ``r // c`` and context-parallel
+position ``r % c``. The ``c`` consecutive ranks of one data-parallel position are a context-parallel
+group (``World.cp_group``): they get the same rows and each holds ``1 / c`` of every row's positions
+(``distributed.context``). ``join_group`` creates every group on every rank, in the same order, as
+``torch.distributed.new_group`` requires.
 """
 
 from __future__ import annotations
@@ -35,12 +42,21 @@ ENV_KEYS = ("RANK", "WORLD_SIZE")
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the data-parallel group; ``size == 1`` means no group at all."""
+    """This process's place in the trainer's group; ``size == 1`` means no group at all. ``cp`` and
+    ``cp_group``: the context-parallel degree and this rank's group of ``cp`` ranks (module doc)."""
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    cp: int = 1
+    cp_group: Any = None
+
+    def __post_init__(self) -> None:
+        if self.cp < 1 or self.size % self.cp:
+            raise ValueError(f"World: {self.size} ranks cannot form context-parallel groups of {self.cp}")
+        if self.cp > 1 and self.cp_group is None:
+            raise ValueError(f"World: cp = {self.cp} needs this rank's context-parallel group")
 
     @property
     def main(self) -> bool:
@@ -50,6 +66,21 @@ class World:
     @property
     def distributed(self) -> bool:
         return self.size > 1
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel positions: how many ways a step's rows are split."""
+        return self.size // self.cp
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's share of the rows (the same for every rank of a context-parallel group)."""
+        return self.rank // self.cp
+
+    @property
+    def cp_rank(self) -> int:
+        """This rank's place in its context-parallel group (which chunks of each row it holds)."""
+        return self.rank % self.cp
 
     def barrier(self) -> None:
         if self.distributed:
@@ -88,10 +119,15 @@ def single_process(device: torch.device | str = "cpu") -> World:
     return World(device=torch.device(device))
 
 
+_JOINED: World | None = None  # what join_group made of the default group (it knows the CP groups)
+
+
 def current_world() -> World:
     """The ``World`` of an initialised default process group, or the single process."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return single_process()
+    if _JOINED is not None:
+        return _JOINED
     local = int(os.environ.get("LOCAL_RANK", torch.distributed.get_rank()))
     device = torch.device("cuda", local) if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
     return World(torch.distributed.get_rank(), torch.distributed.get_world_size(), local, device)
@@ -124,12 +160,38 @@ def join_group(config: Config) -> World:
     if config.trainer.world_size not in (1, size):
         raise ConfigError(f"trainer.world_size = {config.trainer.world_size}, but the launcher started "
                           f"WORLD_SIZE = {size} processes; set trainer.world_size = {size} (or leave it at 1)")
+    cp = config.parallel.cp
+    if size % cp:
+        raise ConfigError(f"parallel.cp = {cp} does not divide the {size} ranks of the group; "
+                          f"use a world size that is a multiple of {cp}")
     local = int(os.environ.get("LOCAL_RANK", rank))
     device, backend = _device_and_backend(config, local)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend, rank=rank, world_size=size,
                                              device_id=device if device.type == "cuda" else None)
-    return World(rank, size, local, device)
+    global _JOINED
+    _JOINED = World(rank, size, local, device, cp=cp, cp_group=context_parallel_groups(size, cp, rank))
+    return _JOINED
+
+
+def context_parallel_groups(size: int, cp: int, rank: int) -> Any:
+    """This rank's context-parallel group (None when ``cp == 1``). Collective: every rank creates
+    every group, ranks ``d·cp … d·cp + cp - 1`` for each data-parallel position ``d``."""
+    if cp == 1:
+        return None
+    own = None
+    for first in range(0, size, cp):
+        group = torch.distributed.new_group(list(range(first, first + cp)))
+        if first <= rank < first + cp:
+            own = group
+    return own
+
+
+def leave_group() -> None:
+    """Destroy the default process group (and with it the context-parallel groups)."""
+    global _JOINED
+    _JOINED = None
+    torch.distributed.destroy_process_group()
 
 
 def free_port() -> int:
@@ -147,26 +209,28 @@ def _spawned(rank: int, fn: Callable[..., Any], config: Config, args: tuple, por
         if world.main:
             Path(result).write_bytes(pickle.dumps(value))
     finally:
-        torch.distributed.destroy_process_group()
+        leave_group()
 
 
 def launch(fn: Callable[..., Any], config: Config, *args: Any) -> Any:
     """Run ``fn(world, config, *args)`` on every rank of the trainer's group and return rank 0's
     value (``None`` on other ranks of a torchrun group). See the module doc for the three cases:
     under a launcher, spawned (``trainer.world_size > 1``), or in this process alone."""
-    # [parallel] refuses cp / ep > 1 at load time; a config built around that check still stops here
-    if config.parallel.cp != 1 or config.parallel.ep != 1:
-        raise ConfigError(f"parallel.cp = {config.parallel.cp}, parallel.ep = {config.parallel.ep}: only data "
-                          "parallelism is implemented (trainer.world_size); set both to 1")
+    if config.parallel.ep != 1:  # the layer exists; no runner builds expert-parallel groups yet
+        raise ConfigError(f"parallel.ep = {config.parallel.ep}: expert parallelism is not wired into the "
+                          "commands yet (docs/distributed.md); set parallel.ep = 1")
     if under_launcher():
         world = join_group(config)
         try:
             value = fn(world, config, *args)
         finally:
-            torch.distributed.destroy_process_group()
+            leave_group()
         return value if world.main else None
     size = config.trainer.world_size
     if size == 1:
+        if config.parallel.cp != 1:
+            raise ConfigError(f"parallel.cp = {config.parallel.cp} splits each sequence over that many ranks: "
+                              f"set trainer.world_size to a multiple of it (or run under torchrun)")
         device, _ = _device_and_backend(config, 0)
         return fn(World(device=device), config, *args)
     if config.trainer.backend != "gloo" and torch.cuda.is_available() and torch.cuda.device_count() < size \

@@ -34,6 +34,14 @@ clipping and update equal the single process's on all the rows (``tests/distribu
 fewer micro-batches run zero-loss forwards until all have run as many (FSDP gathers each layer's
 weights collectively), and the metrics are merged over the ranks, so every rank returns the
 single-process numbers.
+
+**Context parallel** (``world.cp > 1``): the ranks of a context-parallel group get the same
+micro-batches (whole rows, padded to a multiple of 2·cp positions); each forwards its chunks of
+the rows with attention over the whole rows (``rl.distributed.cp_token_logprobs``) and takes the
+loss over its positions only (``distributed.context.split_batch``). The step's token and
+sequence counts and each episode's token count already describe whole rows, so every rank's loss
+is its positions' part of the step's sum, and the N × scaling above holds over all N ranks: the
+keys' and values' gathers send each position's gradient back to the rank that computed it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import dataclasses
 import torch
 
 from opencomposer.config import RLConfig
+from opencomposer.distributed.context import split_batch
 from opencomposer.distributed.fsdp import clip_gradients
 from opencomposer.distributed.runtime import World
 from opencomposer.model.routing import ReplayStats, RouterReplay
@@ -111,9 +120,16 @@ def train_step(
         # the shared-prefix forward (training.forward) sends gradient into a second forward of each
         # layer through its key/value cache, past FSDP's backward hooks, which then find the
         # layer's weights resharded; a sharded policy computes every row in full instead
-        logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature,
-                                           top_p=top_p, top_k=top_k, replay=replay,
-                                           share_prefix=not world.distributed)
+        if world.cp > 1:
+            from opencomposer.rl.distributed import cp_token_logprobs  # rl.distributed imports the loop
+
+            logprobs, entropy = cp_token_logprobs(model, batch, world.cp_group, replay=replay, temperature=temperature,
+                                                  top_p=top_p, top_k=top_k, bf16=config.bf16)
+            batch = split_batch(batch, world.cp, world.cp_rank)  # this rank's positions, aligned with logprobs
+        else:
+            logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature,
+                                               top_p=top_p, top_k=top_k, replay=replay,
+                                               share_prefix=not world.distributed)
         inputs = dataclasses.replace(
             LossInputs.from_batch(batch, logprobs, entropy), num_tokens=num_tokens, num_sequences=num_sequences
         )

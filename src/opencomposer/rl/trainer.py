@@ -26,6 +26,10 @@ other ranks only train, in ``follow``. Each of rank 0's collective calls (``trai
 followers enter the same collective. ``train`` sends every rank the step's scored rows; each takes
 its cost-balanced share (``distributed.balance``) and ``step.train_step`` makes the sum of the
 shares' gradients the single-process gradient.
+
+**Context parallel** (``parallel.cp = c``): the shares are split over the ``world_size / c``
+data-parallel positions; the ``c`` ranks of one position take the same rows, padded to a multiple
+of ``2·c`` positions, and each scores its chunks of every row (``step.train_step``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import torch
 from opencomposer.agent.context import chain_metrics
 from opencomposer.config import Config, ConfigError
 from opencomposer.distributed.balance import split_rows
+from opencomposer.distributed.context import pad_batch_for_cp
 from opencomposer.distributed.fsdp import (
     full_model_state,
     full_optimizer_state,
@@ -233,8 +238,10 @@ class Trainer:
         if world.distributed:
             counts = {"step_tokens": float(sum(row.model_tokens for row in rows)),
                       "step_sequences": float(len({row.episode for row in rows if row.model_tokens}))}
-            rows = split_rows(rows, world.size)[world.rank]
+            rows = split_rows(rows, world.dp_size)[world.dp_rank]  # the same share on a CP group's ranks
         batches = [collate(chunk, self.pad_id) for chunk in micro_batches(rows, self.rl.micro_batch_tokens)]
+        if world.cp > 1:  # whole rows, padded so that each splits into 2·cp equal chunks
+            batches = [pad_batch_for_cp(batch, world.cp, self.pad_id) for batch in batches]
         return train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,
                           top_p=self.top_p, top_k=self.top_k, trainer_version=version, world=world, **counts)
 
