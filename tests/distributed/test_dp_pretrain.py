@@ -1,5 +1,6 @@
-"""Data-parallel pretraining equals the single process: two ``pretrain`` steps at world size 2
-(gloo, two CPU processes, FSDP2) give the same losses, gradient norms and weights as world size 1.
+"""Data- and context-parallel pretraining equal the single process: two ``pretrain`` steps at world
+size 2 (gloo, two CPU processes, FSDP2), with the rows split over the ranks or (``parallel.cp = 2``)
+each row's positions split over them, give the same losses, gradient norms and weights as world size 1.
 The model's load-balancing loss is switched off: it is computed per rank (module doc of
 ``pretrain.cpt``), the one term that is not the single-process one by design."""
 
@@ -13,21 +14,21 @@ import pytest
 import torch
 
 from opencomposer.config import PretrainConfig
-from opencomposer.distributed.runtime import World, free_port
+from opencomposer.distributed.runtime import World, context_parallel_groups, free_port
 from opencomposer.pretrain.cpt import pretrain
 
 PRETRAIN = PretrainConfig(batch_size=3, seq_len=32, max_steps=2, lr=3e-3, warmup_steps=0, eval_batches=0,
                           log_every=1, grad_clip=0.5)
 
 
-def _rank(rank: int, port: int, folder: str) -> None:
+def _rank(rank: int, cp: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
         torch.set_num_threads(1)
         with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
             model, tokenizer, files = pickle.load(f)
-        world = World(rank, 2)
+        world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank))
         result = pretrain(model, tokenizer, files, [], PRETRAIN, progress=False, world=world)
         from opencomposer.distributed.fsdp import full_model_state
 
@@ -39,7 +40,8 @@ def _rank(rank: int, port: int, folder: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_corpus, tmp_path):
+@pytest.mark.parametrize("cp", [1, 2])
+def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_corpus, tmp_path, cp):
     from opencomposer.model.loading import load_model
     from tests.training.test_forward import SMALL
 
@@ -48,7 +50,7 @@ def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_
     files = code_corpus.train[:20]
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((copy.deepcopy(model), tiny_tokenizer, files), f)
-    torch.multiprocessing.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_rank, args=(cp, free_port(), str(tmp_path)), nprocs=2, join=True)
     history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     single = pretrain(model, tiny_tokenizer, files, [], PRETRAIN, progress=False)
@@ -66,3 +68,13 @@ def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_
         close = torch.isclose(weights[name], value, rtol=1e-4, atol=1e-6)
         assert close.float().mean() > 0.999, (name, int((~close).sum()), close.numel())
         assert (weights[name] - value).abs().max() <= bound, name
+
+
+def test_context_parallel_pretraining_needs_whole_chunks(tiny_tokenizer, code_corpus):
+    from dataclasses import replace
+
+    from opencomposer.config import ConfigError
+
+    world = World(0, 2, cp=2, cp_group=object())
+    with pytest.raises(ConfigError, match="use a multiple of 4"):
+        pretrain(None, tiny_tokenizer, code_corpus.train[:2], [], replace(PRETRAIN, seq_len=30), world=world)

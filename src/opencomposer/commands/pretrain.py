@@ -13,12 +13,10 @@ def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
     from opencomposer.distributed.runtime import launch, under_launcher
 
-    if config.parallel.cp > 1:
-        raise ConfigError(f"parallel.cp = {config.parallel.cp}: context parallelism runs in opencomposer rl so far; "
-                          "pretraining splits whole rows over trainer.world_size ranks. Set parallel.cp = 1")
-    if config.pretrain.phases and (config.trainer.world_size > 1 or under_launcher()):
+    if config.pretrain.phases and (config.trainer.world_size > 1 or config.parallel.cp > 1 or under_launcher()):
         raise ConfigError("[[pretrain.phases]] trains in one process so far; data parallelism "
-                          "(trainer.world_size > 1, torchrun) runs the single phase of [pretrain] only")
+                          "(trainer.world_size > 1, torchrun) and context parallelism (parallel.cp > 1) run the "
+                          "single phase of [pretrain] only")
     if config.pretrain.phases:
         from opencomposer.pretrain.phases import run_phases
 

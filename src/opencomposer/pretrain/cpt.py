@@ -20,6 +20,13 @@ computed on each rank's slice and averaged, as data-parallel MoE training does e
 rank runs the held-out evaluation (FSDP's forwards are collective); rank 0 alone logs and writes
 the checkpoint, gathered whole, in the same layout as one process.
 
+**Context parallel** (``parallel.cp = c``): the rows are split over ``world_size / c``
+data-parallel positions, and each row's ``seq_len`` input positions over the ``c`` ranks of a
+context-parallel group (``distributed.context``: chunks ``r`` and ``2c - 1 - r`` of ``2c``,
+attention over the whole row), so ``seq_len`` must be a multiple of ``2c``. Each rank's
+cross-entropy sum over its positions is divided by the batch's token count (× N for FSDP), so the
+gradient is again the single process's.
+
 What this is not (yet): the report's 32k → 256k long-context phases and MTP self-distillation;
 those build on this loop.
 """
@@ -77,14 +84,24 @@ def packed_batches(
 
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor, aux_coef: float = 0.0,
-            ce_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+            ce_weight: float = 1.0, world: World | None = None) -> tuple[torch.Tensor, dict]:
     """Mean next-token cross-entropy over ``batch`` [B, T+1] times ``ce_weight`` (a data-parallel
     rank's share, module doc), plus ``aux_coef`` × load-balancing loss. ``metrics["loss"]`` is the
-    unweighted mean."""
+    unweighted mean. Under context parallelism (``world.cp > 1``) the mean is over this rank's
+    positions of the rows (``distributed.context``)."""
     want_aux = aux_coef > 0 and hasattr(model.config, "router_aux_loss_coef")
-    out = model(input_ids=batch[:, :-1], output_router_logits=want_aux) if want_aux else model(input_ids=batch[:, :-1])
-    logits = out.logits.float()  # [B, T, V]
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    extra = {"output_router_logits": True} if want_aux else {}
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    if world is not None and world.cp > 1:
+        from opencomposer.distributed.context import cp_forward, split_sequence
+
+        positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs)
+        out = cp_forward(model, inputs, positions, world.cp_group, **extra)
+        targets = split_sequence(targets, world.cp, world.cp_rank)
+    else:
+        out = model(input_ids=inputs, **extra)
+    logits = out.logits.float()  # [B, T, V] (T / cp under context parallelism)
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     metrics = {"loss": ce.item()}
     loss = ce * ce_weight if ce_weight != 1.0 else ce
     if want_aux and getattr(out, "aux_loss", None) is not None:
@@ -139,9 +156,12 @@ def pretrain(
     separator = document_separator_id(tokenizer)
     batches = packed_batches(train_files, tokenizer, separator, config.batch_size, config.seq_len)
     world = world or World()
-    if world.distributed and config.batch_size < world.size:
-        raise ConfigError(f"pretrain.batch_size = {config.batch_size} gives some of the "
-                          f"trainer.world_size = {world.size} ranks no rows; use at least one row per rank")
+    if world.distributed and config.batch_size < world.dp_size:
+        raise ConfigError(f"pretrain.batch_size = {config.batch_size} gives some of the {world.dp_size} "
+                          "data-parallel ranks no rows; use at least one row per rank")
+    if world.cp > 1 and config.seq_len % (2 * world.cp):
+        raise ConfigError(f"pretrain.seq_len = {config.seq_len}: context parallelism (parallel.cp = {world.cp}) "
+                          f"splits each row into {2 * world.cp} equal chunks; use a multiple of {2 * world.cp}")
     shard_model(model, world)
     device = next(model.parameters()).device
     heldout: list[torch.Tensor] = []
@@ -168,10 +188,12 @@ def pretrain(
             for group in optimizer.param_groups:
                 group["lr"] = lr
             if world.distributed:
-                # this rank's rows; its mean CE weighted by its share of the tokens, × N for FSDP's average
-                share = batch.tensor_split(world.size)[world.rank]
-                loss, metrics = lm_loss(model, share, aux_coef, ce_weight=world.size * len(share) / len(batch))
-                metrics = merge_rank_metrics(world, metrics, len(share) / len(batch))
+                # this rank's rows (and positions, under CP); its mean CE weighted by its share of
+                # the batch's tokens, × N for FSDP's average
+                share = batch.tensor_split(world.dp_size)[world.dp_rank]
+                weight = len(share) / (len(batch) * world.cp)
+                loss, metrics = lm_loss(model, share, aux_coef, ce_weight=world.size * weight, world=world)
+                metrics = merge_rank_metrics(world, metrics, weight)
             else:
                 loss, metrics = lm_loss(model, batch, aux_coef)
             optimizer.zero_grad(set_to_none=True)
@@ -206,7 +228,7 @@ def pretrain(
 
 def merge_rank_metrics(world: World, metrics: dict[str, float], share: float) -> dict[str, float]:
     """The batch's metrics from every rank's: the cross-entropy weighted by each rank's share of the
-    rows (so it is the whole batch's mean), the load-balancing loss averaged over the ranks."""
+    batch's tokens (so it is the whole batch's mean), the load-balancing loss averaged over the ranks."""
     gathered = world.gather((metrics, share))
     merged = {"loss": sum(m["loss"] * w for m, w in gathered)}
     if "aux_loss" in metrics:
