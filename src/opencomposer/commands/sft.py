@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from opencomposer.config import ConfigError, load_recipe
+from opencomposer.config import load_recipe
 
 
 def main(args: argparse.Namespace) -> int:
-    from opencomposer.distributed.runtime import under_launcher
-    from opencomposer.pretrain.sft import run_sft
+    from opencomposer.distributed.runtime import launch
+    from opencomposer.pretrain.sft import sft_worker
 
-    config = load_recipe(args.recipe, args.overrides)
-    if config.trainer.world_size > 1 or config.parallel.cp > 1 or under_launcher():
-        raise ConfigError("opencomposer sft trains in one process so far; set trainer.world_size = 1 and "
-                          "parallel.cp = 1 (data and context parallelism run in opencomposer rl)")
-    _, _, result, out = run_sft(config)
+    outcome = launch(sft_worker, load_recipe(args.recipe, args.overrides))  # trainer.world_size processes, or one
+    if outcome is None:  # a following rank of a torchrun group: rank 0 reports
+        return 0
+    result, out = outcome
     print(f"{result.steps} SFT steps on {result.demonstrations} demonstrations in {result.seconds:.0f} s; "
           f"loss {result.first_loss:.3f} → {result.last_loss:.3f}; checkpoint: {out}")
     return 0

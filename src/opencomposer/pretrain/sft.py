@@ -19,6 +19,14 @@ disagree). Two ways to get one: stop SFT early, or give it an imperfect teacher
 asked for, so the model learns to be right with about the complementary probability, whatever the
 phrasing). The RL learning test uses the second (docs/rl.md explains why).
 
+**Data and context parallel** (``trainer.world_size > 1``, ``parallel.cp``; ``opencomposer sft``
+launches the group like ``rl`` and ``pretrain``): rank 0 records the demonstrations and sends them
+to the other ranks; every rank draws the same batches, takes its cost-balanced share of each
+(``distributed.balance``; the ``cp`` ranks of one data-parallel position take the same rows and
+each scores its chunks of them, ``distributed.context``), and divides its cross-entropy sum by the
+whole batch's model tokens (× N, since FSDP averages gradients), so the step is the single
+process's. Rank 0 logs and writes the checkpoint, gathered whole, in the same layout.
+
 Not here: chat-transcript SFT data sets (no data set is downloaded), packing several episodes
 into one row.
 """
@@ -36,6 +44,9 @@ import numpy as np
 import torch
 
 from opencomposer.config import Config, ConfigError, SFTConfig, to_toml
+from opencomposer.distributed.balance import split_rows
+from opencomposer.distributed.fsdp import clip_gradients, full_model_state, shard_model
+from opencomposer.distributed.runtime import World
 from opencomposer.model.device import resolve_device
 from opencomposer.numerics.convert import convert_model
 from opencomposer.training.metrics import MetricsLog
@@ -143,16 +154,23 @@ def sft(
     seed: int = 0,
     progress: bool = True,
     log: MetricsLog | None = None,
+    world: World | None = None,
 ) -> SFTResult:
     """Train ``model`` in place on the model tokens of ``episodes``; returns the loss history, and
-    writes it to ``log`` when given."""
-    from opencomposer.training.forward import batch_to, token_logprobs
+    writes it to ``log`` when given. ``world``: this rank's place in a data- (and context-)
+    parallel group (module doc); ``model`` is then sharded in place."""
+    from opencomposer.training.forward import batch_to
     from opencomposer.training.packing import collate, episode_rows
 
     rows = episode_rows(episodes)
     if not rows:
         raise ValueError("sft: the demonstrations hold no model tokens")
+    world = world or World()
+    if config.batch_size < world.dp_size:
+        raise ConfigError(f"sft.batch_size = {config.batch_size} gives some of the {world.dp_size} data-parallel "
+                          "ranks no rows; use at least one row per rank")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    shard_model(model, world)
     device = next(model.parameters()).device
     optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay)
     rng = np.random.default_rng(seed)
@@ -165,22 +183,24 @@ def sft(
             while len(order) < config.batch_size:  # epochs in a seeded order
                 order += rng.permutation(len(rows)).tolist()
             chosen, order = [rows[i] for i in order[: config.batch_size]], order[config.batch_size :]
+            tokens = sum(row.model_tokens for row in chosen)  # the whole batch's, on every rank
+            if world.distributed:
+                chosen = split_rows(chosen, world.dp_size)[world.dp_rank]
             batch = batch_to(collate(chosen, int(pad)), device)
             lr = warmup_cosine_lr(step, peak_lr=config.lr, warmup_steps=config.warmup_steps,
                                   total_steps=config.steps, min_lr_ratio=SFT_MIN_LR_RATIO)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=config.bf16)
-            mask = batch.loss_mask
-            loss = -torch.where(mask, logprobs, 0.0).sum() / mask.sum()
+            nll = model_token_nll(model, batch, world, int(pad), config.bf16)
+            loss = nll / tokens
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss * world.size if world.distributed else loss).backward()  # FSDP averages over the ranks
             if config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                clip_gradients([p for p in model.parameters() if p.grad is not None], config.grad_clip)
             optimizer.step()
             result.steps = step + 1
-            value = float(loss.detach())
-            row = {"lr": lr, "loss": value, "tokens": int(mask.sum())}
+            value = sum(world.gather(float(loss.detach())))
+            row = {"lr": lr, "loss": value, "tokens": tokens}
             result.history.append({"step": step + 1, **row})
             if log:
                 log.log(step + 1, "train", row)
@@ -190,17 +210,38 @@ def sft(
     return result
 
 
+def model_token_nll(model: torch.nn.Module, batch: Any, world: World, pad_id: int, bf16: bool) -> torch.Tensor:
+    """-Σ log π(token) over the model tokens of ``batch`` (this rank's positions of them under
+    context parallelism)."""
+    from opencomposer.training.forward import token_logprobs
+
+    if world.cp > 1:
+        from opencomposer.distributed.context import pad_batch_for_cp, split_batch
+        from opencomposer.rl.distributed import cp_token_logprobs
+
+        batch = pad_batch_for_cp(batch, world.cp, pad_id)
+        logprobs, _ = cp_token_logprobs(model, batch, world.cp_group, with_entropy=False, bf16=bf16)
+        batch = split_batch(batch, world.cp, world.cp_rank)
+    else:
+        logprobs, _ = token_logprobs(model, batch, with_entropy=False, bf16=bf16,
+                                     share_prefix=not world.distributed)
+    return -torch.where(batch.loss_mask, logprobs, 0.0).sum()
+
+
 def sft_output(config: Config) -> Path:
     return Path(config.sft.out) if config.sft.out else Path(config.run.out_dir) / f"{config.run.name}-sft"
 
 
-def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any, SFTResult, Path]:
-    """Demonstrations → SFT → checkpoint at ``sft_output(config)`` (loadable as ``model.path``)."""
+def run_sft(config: Config, progress: bool = True, world: World | None = None
+            ) -> tuple[torch.nn.Module, Any, SFTResult, Path | None]:
+    """Demonstrations → SFT → checkpoint at ``sft_output(config)`` (loadable as ``model.path``).
+    ``world``: a rank of a data-parallel group (module doc); ranks other than 0 return no folder."""
     import dataclasses
 
     from opencomposer.model.loading import load_model, save_checkpoint
 
-    device = resolve_device(config.run.device)
+    world = world or World()
+    device = world.device if world.distributed else resolve_device(config.run.device)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     init = config.sft.init
@@ -208,12 +249,25 @@ def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any
     model, tokenizer = load_model(spec, seed=config.run.seed, device=device)
     convert_model(model, config.numerics)
     with tempfile.TemporaryDirectory(prefix="opencomposer-sft-") as scratch:
-        tasks = demonstration_tasks(config, Path(scratch) / "tasks")
-        episodes = record_demonstrations(tasks, tokenizer, config)
+        episodes = None
+        if world.main:  # the sandboxed demonstrations run once, on rank 0
+            tasks = demonstration_tasks(config, Path(scratch) / "tasks")
+            episodes = record_demonstrations(tasks, tokenizer, config)
+        episodes = world.broadcast(episodes)
+        if not world.main:
+            result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=False, world=world)
+            full_model_state(model, world)  # rank 0 gathers the checkpoint
+            return model, tokenizer, result, None
         # logged in scratch, then moved in with the weights: the output folder is whole or absent
         metrics = Path(scratch) / "metrics"
         with MetricsLog(metrics) as log:
-            result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress, log=log)
+            result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress, log=log,
+                         world=world)
+        if world.distributed:  # the whole weights, into the single-process model's layout
+            whole, _ = load_model(spec, seed=config.run.seed, device=torch.device("cpu"))
+            convert_model(whole, config.numerics)
+            whole.load_state_dict(full_model_state(model, world))
+            model = whole
         from opencomposer.io import atomic_directory
 
         def write(folder: Path) -> None:
@@ -225,3 +279,10 @@ def run_sft(config: Config, progress: bool = True) -> tuple[torch.nn.Module, Any
         # built aside and renamed into place: RL never starts from half a checkpoint after a crash
         out = atomic_directory(sft_output(config), write)
     return model, tokenizer, result, out
+
+
+def sft_worker(world: World, config: Config) -> tuple[SFTResult, Path] | None:
+    """``distributed.launch``'s function for ``opencomposer sft``: rank 0's result and checkpoint
+    folder, None on the other ranks."""
+    _, _, result, out = run_sft(config, progress=world.main, world=world)
+    return (result, out) if world.main else None

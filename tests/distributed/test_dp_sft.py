@@ -1,0 +1,79 @@
+"""Data- and context-parallel SFT equal the single process: three ``sft`` steps at world size 2
+(gloo, two CPU processes, FSDP2), with each batch's rows split over the ranks or (``parallel.cp =
+2``) each row's positions split over them, give the same losses, token counts and weights as one
+process on the same demonstrations (a tiny Qwen3-MoE, rows of different lengths, clipping on)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from opencomposer.config import ConfigError, SFTConfig
+from opencomposer.distributed.runtime import World, context_parallel_groups, free_port
+from opencomposer.pretrain.sft import sft
+
+SFT = SFTConfig(steps=3, batch_size=4, lr=3e-3, warmup_steps=0, grad_clip=0.05)
+TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=0)
+
+
+def demonstrations() -> list:
+    from tests.rl.test_trainer import episode
+
+    rng = np.random.default_rng(3)
+    return [episode(rng, 1.0, n_model=int(rng.integers(3, 14))) for _ in range(6)]
+
+
+def _rank(rank: int, cp: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
+            model, episodes = pickle.load(f)
+        world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank))
+        result = sft(model, TOKENIZER, episodes, SFT, seed=1, progress=False, world=world)
+        from opencomposer.distributed.fsdp import full_model_state
+
+        weights = full_model_state(model, world)
+        if rank == 0:
+            with open(os.path.join(folder, "out.pkl"), "wb") as f:
+                pickle.dump((result.history, weights), f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, cp):
+    from opencomposer.model.loading import load_model
+    from tests.training.test_forward import SMALL
+
+    model = load_model(SMALL, tiny_tokenizer, seed=9)[0]
+    episodes = demonstrations()
+    with open(tmp_path / "inputs.pkl", "wb") as f:
+        pickle.dump((copy.deepcopy(model), episodes), f)
+    torch.multiprocessing.spawn(_rank, args=(cp, free_port(), str(tmp_path)), nprocs=2, join=True)
+    history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
+
+    start = copy.deepcopy(model.state_dict())
+    single = sft(model, TOKENIZER, episodes, SFT, seed=1, progress=False)
+    assert len(history) == len(single.history) == SFT.steps
+    for got, want in zip(history, single.history, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert got["tokens"] == want["tokens"]
+    moved = 0.0
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+        moved = max(moved, float((value - start[name]).abs().max()))
+    assert moved > 1e-3  # the steps changed the weights
+
+
+def test_every_data_parallel_rank_needs_a_row():
+    world = World(0, 4, cp=1)
+    with pytest.raises(ConfigError, match="sft.batch_size = 2 gives some of the 4 data-parallel ranks no rows"):
+        sft(torch.nn.Linear(1, 1), TOKENIZER, demonstrations(), SFTConfig(batch_size=2), world=world)
