@@ -321,7 +321,13 @@ def test_a_resume_with_other_phases_is_refused(tmp_path: Path, tiny_tokenizer):
 
 @pytest.mark.bwrap
 def test_an_sft_phase_trains_on_the_oracles_model_tokens(tmp_path: Path, tiny_tokenizer):
-    from opencomposer.pretrain.phases import DemonstrationBatches, _demonstrations, run_phases, sft_step_loss
+    from opencomposer.pretrain.phases import (
+        DemonstrationBatches,
+        StepData,
+        _demonstrations,
+        run_phases,
+        sft_step_loss,
+    )
     from opencomposer.training.forward import batch_to
 
     phases = ('pretrain.phases=[{name="lm", seq_len=32, steps=3, batch_size=2, warmup_steps=1}, '
@@ -338,7 +344,7 @@ def test_an_sft_phase_trains_on_the_oracles_model_tokens(tmp_path: Path, tiny_to
     episodes = _demonstrations(config, tokenizer)
     batch = DemonstrationBatches(episodes, tokenizer, 2, 0, 1).next()
     assert 0 < int(batch.loss_mask.sum()) < int((batch.input_ids != tokenizer.pad_token_id).sum())
-    _, values = sft_step_loss(model, type("Data", (), {"demos": batch_to(batch, torch.device("cpu"))})())
+    _, values = sft_step_loss(model, StepData(demos=batch_to(batch, torch.device("cpu"))))
     assert values["sft_tokens"] == int(batch.loss_mask.sum())
 
 

@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import argparse
 
-from opencomposer.config import ConfigError, load_recipe
+from opencomposer.config import load_recipe
 
 
 def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
-    from opencomposer.distributed.runtime import launch, under_launcher
+    from opencomposer.distributed.runtime import launch
 
-    if config.pretrain.phases and (config.trainer.world_size > 1 or config.parallel.cp > 1 or under_launcher()):
-        raise ConfigError("[[pretrain.phases]] trains in one process so far; data parallelism "
-                          "(trainer.world_size > 1, torchrun) and context parallelism (parallel.cp > 1) run the "
-                          "single phase of [pretrain] only")
     if config.pretrain.phases:
-        from opencomposer.pretrain.phases import run_phases
+        from opencomposer.pretrain.phases import phases_worker
 
-        _, _, result = run_phases(config)
+        result = launch(phases_worker, config)  # trainer.world_size processes, or torchrun's, or this one
+        if result is None:  # a following rank of a torchrun group: rank 0 reports
+            return 0
         for phase in result.phases:
             evals = [e for e in phase.evals if "heldout_loss" in e]
             held = f"; held-out {evals[0]['heldout_loss']:.3f} → {evals[-1]['heldout_loss']:.3f}" if evals else ""

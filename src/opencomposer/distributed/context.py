@@ -359,17 +359,21 @@ def split_batch(batch: Any, cp: int, rank: int) -> Any:
 
 def cp_mtp_distillation_loss(model: torch.nn.Module, logits: torch.Tensor, hidden: torch.Tensor,
                              input_ids: torch.Tensor, position_ids: torch.Tensor, group: Any = None,
-                             targets: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                             targets: torch.Tensor | None = None, count_group: Any = "group"
+                             ) -> tuple[torch.Tensor, dict[str, float]]:
     """``model.mtp.mtp_distillation_loss`` under CP. ``logits`` / ``hidden``: this rank's main forward
     (``cp_forward``); ``input_ids`` / ``position_ids`` / ``targets``: the FULL rows ``[B, T]``. Returns
     this rank's share of the loss (the shares sum over the group to the single-process loss, so
     summed gradients are its gradient) and the metrics of the whole rows (equal on every rank).
-    Collective."""
+    ``count_group``: the ranks whose valid rows the loss is normalised by and the metrics summed
+    over: the CP group by default; under data and context parallelism the whole trainer group
+    (``None``), so that every rank's share adds up to the whole batch's loss. Collective."""
     from opencomposer.model.mtp import mtp_layers, rope_base
 
     if not mtp_layers(model):
         raise ValueError(f"{type(model).__name__} has no MTP layers (model.num_mtp_layers)")
     cp, rank = group_size_rank(group)
+    counted = group if count_group == "group" else count_group
     ids = split_sequence(input_ids, cp, rank)
     positions = split_sequence(position_ids, cp, rank)
     wanted = None if targets is None else split_sequence(targets.bool(), cp, rank)
@@ -398,14 +402,14 @@ def cp_mtp_distillation_loss(model: torch.nn.Module, logits: torch.Tensor, hidde
             p_log = shift_left(target, k, group)[valid]
             q_log = torch.log_softmax(draft.float(), dim=-1)[valid]
             kl = (p_log.exp() * (p_log - q_log)).sum(-1)
-            count = global_count(int(valid.sum()), group)
+            count = global_count(int(valid.sum()), counted)
             if count > 0:
                 total = total + kl.sum() / count.to(kl.dtype) / len(depths)
             sums.append(torch.tensor([float(kl.detach().sum()), float((p_log.argmax(-1) == q_log.argmax(-1)).sum()),
                                       float(valid.sum())], dtype=torch.float64))
     if sums:
         every = torch.stack(sums)
-        dist.all_reduce(every, group=group)
+        dist.all_reduce(every, group=counted)
         overall = 0.0
         for k, (kl_sum, agreed, rows) in zip(depths, every.tolist(), strict=True):
             if rows:

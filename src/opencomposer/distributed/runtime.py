@@ -102,6 +102,14 @@ class World:
         torch.distributed.all_gather_object(out, obj)
         return out
 
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``tensor`` over the ranks (a copy; ``tensor`` itself one process)."""
+        if not self.distributed:
+            return tensor
+        total = tensor.detach().clone().to(self._object_device)
+        torch.distributed.all_reduce(total)
+        return total.to(tensor.device)
+
     def max(self, value: int) -> int:
         """The largest ``value`` over the ranks."""
         if not self.distributed:

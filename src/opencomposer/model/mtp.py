@@ -33,6 +33,7 @@ are left out. Speculative decoding with the depth-1 layer is ``inference.specula
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -263,26 +264,40 @@ def shift_valid(positions: torch.Tensor, k: int, targets: torch.Tensor | None = 
 
 
 def mtp_distillation_loss(model: nn.Module, logits: torch.Tensor, hidden: torch.Tensor, input_ids: torch.Tensor,
-                          positions: torch.Tensor, targets: torch.Tensor | None = None
+                          positions: torch.Tensor, targets: torch.Tensor | None = None,
+                          reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
                           ) -> tuple[torch.Tensor, dict[str, float]]:
     """Self-distillation of every MTP depth onto the main head (module doc): the mean over depths
     and valid rows of ``KL(p_main(· | row i + k) || p_mtp_k(· | row i))``, the main distribution
     detached. ``logits``/``hidden``: the main forward on ``input_ids`` at ``positions``; ``targets``:
     see ``shift_valid``. Metrics:
     ``mtp_kl`` (the loss), ``mtp_kl_k`` per depth and ``mtp_top1_k`` (the share of rows whose
-    argmax agrees with the main head's: the greedy acceptance rate of speculative decoding)."""
+    argmax agrees with the main head's: the greedy acceptance rate of speculative decoding).
+
+    ``reduce``: for a data-parallel rank, the sum over the ranks of a ``[depths, 3]`` float64
+    tensor (KL sum, argmax agreements, valid rows per depth); the loss is then this rank's KL sum
+    over the valid rows of *every* rank (the ranks' losses add up to the whole batch's), and the
+    metrics are the whole batch's."""
     target = torch.log_softmax(logits.detach().float(), dim=-1)
-    total, metrics = logits.new_zeros((), dtype=torch.float), {}
     depths = mtp_logits(model, hidden, input_ids, positions)
+    sums, stats = [], []
     for k, draft in enumerate(depths, start=1):
         valid = shift_valid(positions, k, targets)
         p_log = target[:, k:][valid]  # [N, V]
         q_log = torch.log_softmax(draft.float(), dim=-1)[valid]
-        if not len(p_log):
+        kl = (p_log.exp() * (p_log - q_log)).sum(-1).sum()
+        sums.append(kl)
+        stats.append([float(kl.detach()), float((p_log.argmax(-1) == q_log.argmax(-1)).sum()), float(len(p_log))])
+    every = torch.tensor(stats, dtype=torch.float64).reshape(len(depths), 3)
+    if reduce is not None:
+        every = reduce(every)
+    total, metrics, overall = logits.new_zeros((), dtype=torch.float), {}, 0.0
+    for k, (kl, (kl_sum, agreed, rows)) in enumerate(zip(sums, every.tolist(), strict=True), start=1):
+        if not rows:
             continue
-        kl = (p_log.exp() * (p_log - q_log)).sum(-1).mean()
-        total = total + kl / len(depths)
-        metrics[f"mtp_kl_{k}"] = kl.item()
-        metrics[f"mtp_top1_{k}"] = (p_log.argmax(-1) == q_log.argmax(-1)).float().mean().item()
-    metrics["mtp_kl"] = total.item()
+        total = total + kl / rows / len(depths)
+        metrics[f"mtp_kl_{k}"] = kl_sum / rows
+        metrics[f"mtp_top1_{k}"] = agreed / rows
+        overall += kl_sum / rows / len(depths)
+    metrics["mtp_kl"] = overall
     return total, metrics

@@ -51,6 +51,18 @@ batches are regenerated from the seeded order and skipped, not trained), so the 
 exactly the batches the uninterrupted run would have (``data_crc`` in the metrics shows it).
 ``metrics.jsonl`` is cut back to the checkpoint's step.
 
+**Data and context parallel** (``trainer.world_size = N``, ``parallel.cp = c``; the command launches
+the group): every rank draws the same batches and takes its data-parallel share of the rows (and
+of the demonstrations); the ``c`` ranks of a context-parallel group take the same rows and each
+computes its chunks of every row (``distributed.context``: ``cp_forward``,
+``cp_mtp_distillation_loss``). Each loss returns this rank's part of the step's loss: the
+cross-entropy sums over the rank's targets divided by the whole batch's, the MTP KL sums divided
+by the valid rows of every rank; the parts add up to the single-process loss, and backward of N ×
+the part under FSDP's gradient average gives its gradient (``tests/distributed/test_dp_phases.py``).
+The MoE load-balancing term is per rank and averaged. Rank 0 alone records the SFT demonstrations
+(sent to the others), logs and writes the checkpoints, gathered whole into the same layout (Adam's
+state too), so a run resumes at any world size. Held-out evaluations run whole rows on every rank.
+
 The run folder also gets ``recipe.toml``, ``corpus.json`` (mix by source, dropped duplicates),
 ``mix.json`` (tokens trained per phase and source), ``heldout.png`` (held-out codebase loss
 against tokens, log axis, with a log-linear fit), ``loss.png`` and the final ``checkpoint/``.
@@ -59,6 +71,7 @@ against tokens, log axis, with a log-linear fit), ``loss.png`` and the final ``c
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -74,6 +87,15 @@ import torch
 
 from opencomposer.config import Config, ConfigError, to_toml
 from opencomposer.config.pretrain import PhaseConfig
+from opencomposer.distributed.balance import split_rows
+from opencomposer.distributed.fsdp import (
+    clip_gradients,
+    full_model_state,
+    full_optimizer_state,
+    load_optimizer_state,
+    shard_model,
+)
+from opencomposer.distributed.runtime import World
 from opencomposer.io import atomic_directory, atomic_write_text, discard
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
 from opencomposer.training.metrics import MetricsLog
@@ -251,67 +273,128 @@ def token_losses(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Ten
 @dataclass
 class StepData:
     """What a step's losses read: the packed corpus rows and/or the demonstration batch, and the
-    main forward on the rows, run once a step for every loss that reads it (``lm_forward``)."""
+    main forward on the rows, run once a step for every loss that reads it (``lm_forward``).
+
+    Under data and context parallelism (``world``, module doc) ``ids``/``positions`` and ``demos``
+    are this rank's share of the batch, ``lm_share`` its share of the rows' targets and
+    ``demo_tokens`` the whole demonstration batch's model tokens: each loss returns this rank's
+    part of the step's loss (the parts add up over the ranks) and metrics of the whole batch or,
+    for ``lm_loss``, ``sft_loss`` and ``aux_loss``, this rank's part (``merge_step_metrics``)."""
 
     ids: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     demos: Any = None  # a training.packing TrainBatch
     hidden: bool = False  # the rows' forward also returns the last hidden state (for ``mtp``)
+    world: World = field(default_factory=World)
+    lm_share: float = 1.0  # this rank's share of the rows' targets
+    demo_tokens: int = 0  # model tokens of the whole demonstration batch (0: this batch's)
+    pad_id: int = 0
     _forward: Any = None
     _forward_grad: bool = False
 
     def lm_forward(self, model: torch.nn.Module, grad: bool = True):
-        """The model's forward on the packed rows (inputs ``ids[:, :-1]``), with the router
-        logits when the MoE load-balancing term is on; computed once and reused, recomputed only
-        when a loss needs the graph that an earlier no-graph call did not build."""
+        """The model's forward on the packed rows (inputs ``ids[:, :-1]``; this rank's chunks of
+        them under context parallelism), with the router logits when the MoE load-balancing term
+        is on; computed once and reused, recomputed only when a loss needs the graph that an
+        earlier no-graph call did not build."""
         if self._forward is None or (grad and not self._forward_grad):
             aux = (getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0) > 0
+            extra = {"output_router_logits": True} if aux else {}
+            ids, positions = self.ids[:, :-1], self.positions[:, :-1]
             with torch.enable_grad() if grad else torch.no_grad():
-                self._forward = model(input_ids=self.ids[:, :-1], position_ids=self.positions[:, :-1], use_cache=False,
-                                      output_hidden_states=self.hidden, **({"output_router_logits": True} if aux else {}))
+                if self.world.cp > 1:
+                    from opencomposer.distributed.context import cp_forward
+
+                    self._forward = cp_forward(model, ids, positions, self.world.cp_group, hidden=self.hidden, **extra)
+                else:
+                    self._forward = model(input_ids=ids, position_ids=positions, use_cache=False,
+                                          output_hidden_states=self.hidden, **extra)
             self._forward_grad = grad
         return self._forward
 
+    def lm_targets(self) -> torch.Tensor:
+        """The targets of this rank's positions of the rows."""
+        targets = self.ids[:, 1:]
+        if self.world.cp > 1:
+            from opencomposer.distributed.context import split_sequence
+
+            targets = split_sequence(targets, self.world.cp, self.world.cp_rank)
+        return targets
+
 
 def lm_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean next-token cross-entropy over the packed rows, plus the MoE load-balancing term."""
+    """Mean next-token cross-entropy over the packed rows, plus the MoE load-balancing term (per
+    rank and averaged over the ranks, as data-parallel MoE training does)."""
     aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
     out = data.lm_forward(model)
     logits = out.logits.float()
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.ids[:, 1:].reshape(-1))
-    metrics = {"lm_loss": ce.item()}
-    loss = ce
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.lm_targets().reshape(-1))
+    loss = ce * data.lm_share
+    metrics = {"lm_loss": loss.item()}
     if aux_coef > 0 and getattr(out, "aux_loss", None) is not None:
-        loss = loss + aux_coef * out.aux_loss
+        loss = loss + aux_coef * out.aux_loss / data.world.size
         metrics["aux_loss"] = out.aux_loss.item()
     return loss, metrics
 
 
 def sft_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean cross-entropy over the model-written tokens of the demonstration batch (the SFT loss)."""
-    from opencomposer.training.forward import token_logprobs
+    from opencomposer.pretrain.sft import model_token_nll
 
-    logprobs, _ = token_logprobs(model, data.demos, with_entropy=False)
-    mask = data.demos.loss_mask.to(logprobs.device)
-    loss = -torch.where(mask, logprobs, 0.0).sum() / mask.sum()
-    return loss, {"sft_loss": loss.item(), "sft_tokens": int(mask.sum())}
+    tokens = data.demo_tokens or int(data.demos.loss_mask.sum())
+    loss = model_token_nll(model, data.demos, data.world, data.pad_id, bf16=False) / tokens
+    return loss, {"sft_loss": loss.item(), "sft_tokens": tokens}
 
 
 def mtp_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, dict[str, float]]:
     """Self-distillation of the MTP layers onto the main head (``model.mtp``): on the packed rows
     when the step has them (sharing the ``lm`` loss's forward), else on the demonstration rows
-    whose targets are model tokens (the positions speculative decoding drafts)."""
+    whose targets are model tokens (the positions speculative decoding drafts). Normalised by the
+    valid rows of every rank, so the ranks' parts add up to the whole batch's loss."""
     from opencomposer.model.mtp import mtp_distillation_loss
 
+    world = data.world
     if data.ids is not None:
         out = data.lm_forward(model, grad=False)
-        return mtp_distillation_loss(model, out.logits, out.hidden_states[-1], data.ids[:, :-1], data.positions[:, :-1])
-    demos = data.demos
-    with torch.no_grad():
-        out = model(input_ids=demos.input_ids, position_ids=demos.position_ids, use_cache=False,
-                    output_hidden_states=True)
-    return mtp_distillation_loss(model, out.logits, out.hidden_states[-1], demos.input_ids, demos.position_ids,
-                                 targets=demos.loss_mask)
+        ids, positions, targets = data.ids[:, :-1], data.positions[:, :-1], None
+    else:
+        demos = data.demos
+        ids, positions, targets = demos.input_ids, demos.position_ids, demos.loss_mask
+        if world.cp > 1:
+            from opencomposer.distributed.context import pad_batch_for_cp
+
+            demos = pad_batch_for_cp(demos, world.cp, data.pad_id)
+            ids, positions, targets = demos.input_ids, demos.position_ids, demos.loss_mask
+        with torch.no_grad():
+            if world.cp > 1:
+                from opencomposer.distributed.context import cp_forward
+
+                out = cp_forward(model, ids, positions, world.cp_group, hidden=True)
+            else:
+                out = model(input_ids=ids, position_ids=positions, use_cache=False, output_hidden_states=True)
+    if world.cp > 1:
+        from opencomposer.distributed.context import cp_mtp_distillation_loss
+
+        return cp_mtp_distillation_loss(model, out.logits, out.hidden_states[-1], ids, positions, world.cp_group,
+                                        targets=targets, count_group=None)
+    reduce = world.all_reduce_sum if world.distributed else None
+    return mtp_distillation_loss(model, out.logits, out.hidden_states[-1], ids, positions, targets=targets,
+                                 reduce=reduce)
+
+
+def merge_step_metrics(world: World, metrics: dict[str, float]) -> dict[str, float]:
+    """A step's metrics from every rank's (``StepData``): the loss parts summed, the load-balancing
+    loss averaged, the rest (already the whole batch's) as they are."""
+    if not world.distributed:
+        return metrics
+    gathered = world.gather(metrics)
+    merged = dict(metrics)
+    for name in ("lm_loss", "sft_loss", "loss"):
+        if name in metrics:
+            merged[name] = sum(m[name] for m in gathered)
+    if "aux_loss" in metrics:
+        merged["aux_loss"] = sum(m["aux_loss"] for m in gathered) / len(gathered)
+    return merged
 
 
 LOSSES: dict[str, Callable[[torch.nn.Module, StepData], tuple[torch.Tensor, dict[str, float]]]] = {
@@ -343,9 +426,16 @@ class DemonstrationBatches:
         return [self.rows[i] for i in chosen]
 
     def next(self):
+        return self.collate(self._chosen())
+
+    def next_rows(self) -> list:
+        """The next batch's rows, uncollated (a data-parallel rank collates its share)."""
+        return self._chosen()
+
+    def collate(self, rows: list):
         from opencomposer.training.packing import collate
 
-        return collate(self._chosen(), self.pad)
+        return collate(rows, self.pad)
 
     def skip(self, batches: int) -> None:
         for _ in range(batches):
@@ -507,15 +597,16 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_phase_checkpoint(run_dir: Path, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
+def save_phase_checkpoint(run_dir: Path, model: torch.nn.Module, tokenizer: Any, optimizer: dict[str, Any],
                           state: dict[str, Any]) -> Path:
     """Write ``checkpoints/step-NNNNNNN`` atomically, then drop older mid-phase checkpoints (those
-    that end a phase stay)."""
+    that end a phase stay). ``model``: whole (not sharded); ``optimizer``: its state dict in the
+    single-process layout (``distributed.fsdp.full_optimizer_state``)."""
     from opencomposer.model.loading import save_checkpoint
 
     def write(folder: Path) -> None:
         save_checkpoint(model, tokenizer, folder / "model")
-        torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, folder / "trainer.pt")
+        torch.save({"optimizer": optimizer, "torch_rng": torch.get_rng_state()}, folder / "trainer.pt")
         (folder / "state.json").write_text(json.dumps(state, indent=1))
 
     (run_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
@@ -604,11 +695,13 @@ def run_phases(
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
     probes: int = 16,
+    world: World | None = None,
 ) -> tuple[torch.nn.Module, Any, PhasedResult]:
     """Run (or resume) every phase of ``config.pretrain.phases`` under ``config.run.path``; see the
     module doc. ``on_step(global_step)`` is called after each step and its checkpoint (a test
     interrupts a run from it). ``probes``: retrieval probes per evaluation when phases differ in
-    length (0: none)."""
+    length (0: none). ``world``: this rank of a data- (and context-) parallel group (module doc);
+    rank 0 returns the whole model, the other ranks their shards."""
     from opencomposer.model.device import resolve_device
     from opencomposer.model.tokenizer import document_separator_id
     from opencomposer.numerics.convert import convert_model
@@ -617,22 +710,28 @@ def run_phases(
     if not pc.phases:
         raise ConfigError("pretrain.phases: empty; run_pretraining (pretrain.cpt) trains a recipe without phases")
     plan = plan_phases(pc.phases)
-    device = resolve_device(config.run.device)
+    world = world or World()
+    _check_world(plan, world)
+    device = world.device if world.distributed else resolve_device(config.run.device)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     run_dir = config.run.path
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "recipe.toml", recipe_toml(config))
+    if not world.main:
+        world.barrier()  # rank 0 builds (and caches) corpus and tokenizer first; the others reuse them
+    if world.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / "recipe.toml", recipe_toml(config))
     corpus = corpus or build_corpus(config.corpus, seed=config.run.seed, dedup=pc.dedup,
                                     near_duplicate_threshold=pc.near_duplicate_threshold, heldout_by=pc.heldout_by)
     _check_recipe(config, corpus)
     report = {"mix": corpus.mix(), "dropped": corpus.dropped, "train_files": len(corpus.train),
               "heldout_files": len(corpus.heldout), "heldout_by": pc.heldout_by}
-    atomic_write_text(run_dir / "corpus.json", json.dumps(report, indent=1) + "\n")
+    if world.main:
+        atomic_write_text(run_dir / "corpus.json", json.dumps(report, indent=1) + "\n")
     if progress:
         print_corpus(report)
 
-    checkpoint = latest_checkpoint(run_dir)
+    checkpoint = latest_checkpoint(run_dir)  # before any rank trains, so the same on every rank
     state: dict[str, Any] = {"phase": 0, "step": 0, "global_step": 0, "tokens": 0, "mix": {}}
     if checkpoint is not None:
         state = json.loads((checkpoint / "state.json").read_text())
@@ -640,16 +739,20 @@ def run_phases(
             raise ConfigError(f"cannot resume {checkpoint}: its [[pretrain.phases]] differ from the recipe's; restore "
                               f"the recipe or start a fresh run folder (run.name)")
     model, tokenizer = _build_model(config, tokenizer, device, checkpoint)
+    if world.main and world.distributed:
+        world.barrier()
     from opencomposer.model.mtp import mtp_layers
 
     if any("mtp" in p.config.losses for p in plan) and not mtp_layers(model):
         raise ConfigError("pretrain.phases.losses: 'mtp' trains the model's MTP layers and it has none; set "
                           "model.num_mtp_layers (1 is DeepSeek-V3's and the speculative decoder's depth)")
     convert_model(model, config.numerics)
+    host = copy.deepcopy(model).cpu() if world.distributed and world.main else None  # to checkpoint from
+    shard_model(model, world)
     optimizer = build_optimizer(model, lr=plan[0].config.lr, betas=tuple(pc.betas), weight_decay=pc.weight_decay)
     if checkpoint is not None:
         saved = torch.load(checkpoint / "trainer.pt", weights_only=False)
-        optimizer.load_state_dict(saved["optimizer"])
+        load_optimizer_state(model, optimizer, saved["optimizer"] if world.main else None, world)
         torch.set_rng_state(saved["torch_rng"])
         if progress:
             print(f"resuming {checkpoint.name}: phase {plan[state['phase']].name}, step {state['step']}")
@@ -659,6 +762,7 @@ def run_phases(
         state = {**state, "phase": state["phase"] + 1, "step": 0}
 
     separator = document_separator_id(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     base_len = plan[0].config.seq_len
     long_len = max(p.config.seq_len for p in plan if p.lm) if any(p.lm for p in plan) else base_len
     eval_sets: dict[int, list] = {}
@@ -676,7 +780,8 @@ def run_phases(
     start = time.perf_counter()
     mix: dict[str, dict[str, int]] = state.get("mix", {})
 
-    with MetricsLog(run_dir, resume_step=state["global_step"] if checkpoint is not None else None) as log:
+    with (MetricsLog(run_dir, resume_step=state["global_step"] if checkpoint is not None else None) if world.main
+          else _NoLog()) as log:
 
         def evaluate(phase: Phase, global_step: int, when: str) -> dict[str, float]:
             row: dict[str, float] = {"tokens": result.tokens, "phase": phase.index}
@@ -705,14 +810,16 @@ def run_phases(
             first = state["step"] if phase.index == state["phase"] else 0
             summary = PhaseSummary(phase.name, c.seq_len, phase.steps, 0)
             result.phases.append(summary)
-            if c.rope_theta and rope_theta(model) != c.rope_theta:
-                set_rope_theta(model, c.rope_theta)
-            if c.seq_len > getattr(model.config, "max_position_embeddings", c.seq_len):
-                model.config.max_position_embeddings = c.seq_len
+            for copy_ in (model, host) if host is not None else (model,):
+                if c.rope_theta and rope_theta(copy_) != c.rope_theta:
+                    set_rope_theta(copy_, c.rope_theta)
+                if c.seq_len > getattr(copy_.config, "max_position_embeddings", c.seq_len):
+                    copy_.config.max_position_embeddings = c.seq_len
             batches = MixedBatches(corpus.train, phase, tokenizer, separator, config.run.seed) if phase.rows else None
             demo_batches = None
             if "sft" in c.losses:
-                demos = demos if demos is not None else _demonstrations(config, tokenizer)
+                if demos is None:  # the sandboxed episodes run once, on rank 0
+                    demos = world.broadcast(_demonstrations(config, tokenizer) if world.main else None)
                 demo_batches = DemonstrationBatches(demos, tokenizer, c.sft_batch_size, config.run.seed, phase.index)
             for stream in (batches, demo_batches):  # replay the draws up to the checkpoint (and its token counts)
                 if stream is not None:
@@ -724,17 +831,26 @@ def run_phases(
                              every=pc.log_every) as bar:
                 for step in range(first, phase.steps):
                     global_step = phase.first_step + step + 1
-                    data = StepData(hidden="mtp" in c.losses)
+                    data = StepData(hidden="mtp" in c.losses, world=world, pad_id=int(pad_id))
                     crc = 0
                     if batches is not None:
                         ids, positions = batches.next()
-                        data.ids, data.positions = ids.to(device), positions.to(device)
                         crc = zlib.crc32(ids.numpy().tobytes())
+                        step_tokens = ids[:, 1:].numel()
+                        if world.distributed:  # this rank's rows (every rank of a CP group the same)
+                            ids = ids.tensor_split(world.dp_size)[world.dp_rank]
+                            positions = positions.tensor_split(world.dp_size)[world.dp_rank]
+                            data.lm_share = ids[:, 1:].numel() / (step_tokens * world.cp)
+                        data.ids, data.positions = ids.to(device), positions.to(device)
                     if demo_batches is not None:
                         from opencomposer.training.forward import batch_to
 
-                        data.demos = batch_to(demo_batches.next(), device)
-                        crc = zlib.crc32(data.demos.input_ids.cpu().numpy().tobytes(), crc)
+                        rows = demo_batches.next_rows()
+                        crc = zlib.crc32(demo_batches.collate(rows).input_ids.numpy().tobytes(), crc)
+                        data.demo_tokens = sum(row.model_tokens for row in rows)
+                        if world.distributed:
+                            rows = split_rows(rows, world.dp_size)[world.dp_rank]
+                        data.demos = batch_to(demo_batches.collate(rows), device)
                     lr = phase_lr(phase, step)
                     for group in optimizer.param_groups:
                         group["lr"] = lr
@@ -745,15 +861,17 @@ def run_phases(
                         loss = loss + term
                         metrics.update(values)
                     optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), pc.grad_clip).item()
+                    # FSDP averages gradients over the ranks; N × each rank's part sums them
+                    (loss * world.size if world.distributed else loss).backward()
+                    grad_norm = clip_gradients([p for p in model.parameters() if p.grad is not None], pc.grad_clip)
                     optimizer.step()
                     if batches is not None:
-                        result.tokens += data.ids[:, 1:].numel()
-                        summary.tokens += data.ids[:, 1:].numel()
+                        result.tokens += step_tokens
+                        summary.tokens += step_tokens
                         mix[phase.name] = dict(batches.tokens)
                     result.steps = global_step
-                    row = {"loss": loss.item(), **metrics, "lr": lr, "grad_norm": grad_norm, "tokens": result.tokens,
+                    metrics = merge_step_metrics(world, {"loss": loss.item(), **metrics})
+                    row = {**metrics, "lr": lr, "grad_norm": grad_norm, "tokens": result.tokens,
                            "phase": phase.index, "phase_step": step + 1, "data_crc": crc % 2**24,
                            "seconds": time.perf_counter() - start}
                     if math.isnan(summary.first_loss):
@@ -766,14 +884,23 @@ def run_phases(
                         summary.evals.append(evaluate(phase, global_step, "end" if last else "during"))
                     if last or (pc.checkpoint_every and (step + 1) % pc.checkpoint_every == 0):
                         log.sync()
-                        save_phase_checkpoint(run_dir, model, tokenizer, optimizer, {
-                            "phase": phase.index, "phase_name": phase.name, "step": step + 1,
-                            "global_step": global_step, "tokens": result.tokens, "phase_end": last,
-                            "mix": mix, "plan": _plan_state(plan)})
+                        whole, optimizer_state = _whole_state(model, optimizer, host, world)
+                        if world.main:
+                            save_phase_checkpoint(run_dir, whole, tokenizer, optimizer_state, {
+                                "phase": phase.index, "phase_name": phase.name, "step": step + 1,
+                                "global_step": global_step, "tokens": result.tokens, "phase_end": last,
+                                "mix": mix, "plan": _plan_state(plan)})
                     bar.update(step + 1, loss=row["loss"])
                     if on_step is not None:
                         on_step(global_step)
     result.seconds = time.perf_counter() - start
+    if world.distributed:
+        full = full_model_state(model, world)  # collective; rank 0 gets the whole weights
+        if not world.main:
+            model.eval()
+            return model, tokenizer, result
+        host.load_state_dict(full)
+        model = host
     atomic_write_text(run_dir / "mix.json", json.dumps(mix, indent=1) + "\n")
     from opencomposer.model.loading import save_checkpoint
 
@@ -789,6 +916,57 @@ def run_phases(
                if r["kind"] == "eval" and "heldout_loss" in r], run_dir / "loss.png", "phased pretraining loss")
     model.eval()
     return model, tokenizer, result
+
+
+class _NoLog:
+    """The metrics log of ranks other than 0: they compute what rank 0 logs, and write nothing."""
+
+    def __enter__(self) -> _NoLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def log(self, step: int, kind: str, metrics: dict[str, float]) -> None:
+        return None
+
+    def sync(self) -> None:
+        return None
+
+
+def _check_world(plan: list[Phase], world: World) -> None:
+    """Refuse, before any training, a phase that leaves a data-parallel rank without rows or
+    whose rows do not split into context-parallel chunks."""
+    for phase in plan:
+        c = phase.config
+        if phase.rows and c.batch_size < world.dp_size:
+            raise ConfigError(f"pretrain.phases ({phase.name}): batch_size = {c.batch_size} gives some of the "
+                              f"{world.dp_size} data-parallel ranks no rows; use at least one row per rank")
+        if "sft" in c.losses and c.sft_batch_size < world.dp_size:
+            raise ConfigError(f"pretrain.phases ({phase.name}): sft_batch_size = {c.sft_batch_size} gives some of "
+                              f"the {world.dp_size} data-parallel ranks no demonstrations")
+        if phase.rows and world.cp > 1 and c.seq_len % (2 * world.cp):
+            raise ConfigError(f"pretrain.phases ({phase.name}): seq_len = {c.seq_len} does not split into the "
+                              f"{2 * world.cp} chunks of context parallelism (parallel.cp = {world.cp})")
+
+
+def _whole_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, host: torch.nn.Module | None,
+                 world: World) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model whole and the optimizer's state in the single-process layout (collective under
+    data parallelism: rank 0 gets them in ``host``, the other ranks nothing useful)."""
+    if not world.distributed:
+        return model, optimizer.state_dict()
+    weights = full_model_state(model, world)
+    optimizer_state = full_optimizer_state(model, optimizer, world)
+    if world.main:
+        host.load_state_dict(weights)
+    return host, optimizer_state
+
+
+def phases_worker(world: World, config: Config) -> PhasedResult | None:
+    """``distributed.launch``'s function for ``opencomposer pretrain`` with phases: rank 0's result."""
+    _, _, result = run_phases(config, progress=world.main, world=world)
+    return result if world.main else None
 
 
 def print_corpus(report: dict[str, Any]) -> None:
