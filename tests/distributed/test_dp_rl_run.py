@@ -1,6 +1,8 @@
 """``opencomposer rl`` at ``trainer.world_size = 2`` end to end (gloo, 2 processes, the tiny recipe),
 data-parallel and context-parallel (``parallel.cp = 2``): the same run folder layout, the same
-exactly-once record and the same weights as world size 1."""
+exactly-once record and the same weights as world size 1; and the async services
+(``rl.mode = "async"``, staleness 0, which trains what the synchronous loop trains) on two
+ranks, data- or context-parallel: the same record and weights."""
 
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ SHRUNK = ["model.path=", "rl.steps=2", "rl.batch_tasks=2", "rl.group_size=4", "r
           "rl.checkpoint_every=2", "sampling.max_new_tokens=24"]
 
 
-def run(tmp_path: Path, world_size: int, cp: int = 1) -> Path:
+def run(tmp_path: Path, world_size: int, cp: int = 1, *extra: str) -> Path:
     name = f"ws{world_size}-cp{cp}"
     sets = [a for s in [*SHRUNK, f"run.out_dir={tmp_path}", f"run.name={name}", f"trainer.world_size={world_size}",
-                        f"parallel.cp={cp}"]
+                        f"parallel.cp={cp}", *extra]
             for a in ("--set", s)]
     subprocess.run([sys.executable, "-m", "opencomposer.cli", "rl", "--recipe", str(RECIPE), *sets], check=True,
                    timeout=900)
@@ -48,3 +50,16 @@ def test_an_rl_run_at_world_size_2_equals_world_size_1(single: Path, tmp_path: P
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-6 for k in a)
     record = [json.loads((d / "checkpoints/step-000002/state.json").read_text())["trained"] for d in (one, two)]
     assert record[0] == record[1] and len(record[0]) == 4
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_an_async_run_at_world_size_2_equals_the_synchronous_single_process(single: Path, tmp_path: Path, cp: int):
+    from safetensors.torch import load_file
+
+    two = run(tmp_path, 2, cp, "rl.mode=async", "rl.max_staleness=0")
+    a = load_file(single / "checkpoints/step-000002/model/model.safetensors")
+    b = load_file(two / "checkpoints/step-000002/model/model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-6 for k in a)
+    record = [json.loads((d / "checkpoints/step-000002/state.json").read_text())["trained"] for d in (single, two)]
+    assert record[0] == record[1] and len(record[0]) == 4
+    assert json.loads((two / "summary.json").read_text())["mode"] == "async"

@@ -6,27 +6,17 @@ from __future__ import annotations
 
 import argparse
 
-from opencomposer.config import ConfigError, load_recipe
+from opencomposer.config import load_recipe
 
 
 def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
-    from opencomposer.distributed.runtime import launch, under_launcher
+    from opencomposer.distributed.runtime import launch
+    from opencomposer.rl.distributed import rl_worker
 
-    if config.rl.mode == "async":
-        if config.trainer.world_size > 1 or config.parallel.cp > 1 or under_launcher():
-            raise ConfigError('rl.mode = "async" trains in one process; data parallelism '
-                              "(trainer.world_size > 1, torchrun) and context parallelism (parallel.cp > 1) "
-                              "run with the synchronous loop only so far")
-        from opencomposer.services.async_rl import run_async
-
-        summary = run_async(config)
-    else:
-        from opencomposer.rl.distributed import rl_worker
-
-        summary = launch(rl_worker, config)  # trainer.world_size processes, or torchrun's, or this one
-        if summary is None:  # a following rank of a torchrun group: rank 0 reports
-            return 0
+    summary = launch(rl_worker, config)  # trainer.world_size processes, or torchrun's, or this one
+    if summary is None:  # a following rank of a torchrun group: rank 0 reports
+        return 0
     first, last = summary.first_eval, summary.last_eval
     line = f"{summary.steps} steps in {summary.seconds:.0f} s; run folder {summary.run_dir}"
     if first and last:

@@ -4,9 +4,8 @@
 ``pretrain`` spawn them, or ``torchrun`` does and the environment says so), the collective backend,
 and the rendezvous port of a spawned group. ``[parallel]`` names the axes beyond data parallelism:
 context parallelism (``cp``, one sequence's tokens split over ranks) and expert parallelism (``ep``,
-a MoE layer's experts split over ranks). ``cp > 1`` runs in ``opencomposer rl`` (the synchronous
-loop), ``sft`` and ``pretrain`` (single phase and phases); async RL refuses it with a ConfigError,
-so a recipe never believes it runs a parallelism it does not get. ``ep`` is accepted: the
+a MoE layer's experts split over ranks). ``cp > 1`` runs in ``opencomposer rl`` (synchronous and
+async), ``sft`` and ``pretrain`` (single phase and phases). ``ep`` is accepted: the
 expert-parallel layer exists (``opencomposer.distributed.expert``), but the commands do not build
 expert-parallel groups yet, so ``distributed.runtime.launch`` still stops a run with ``ep > 1``
 (docs/distributed.md, "Expert parallelism").
@@ -50,8 +49,8 @@ class ParallelConfig(Section):
     and ``2·cp−1−r`` of ``2·cp``, keys and values all-gathered for attention
     (``opencomposer.distributed.context``, docs/context-parallel.md). ``trainer.world_size`` must be
     a multiple of ``cp``: ``world_size / cp`` data-parallel shares of each step's rows, each computed
-    by ``cp`` ranks. Runs in ``opencomposer rl`` (synchronous loop), ``sft`` and ``pretrain``
-    (single phase and ``[[pretrain.phases]]``); ``rl.mode = "async"`` refuses ``cp > 1``."""
+    by ``cp`` ranks. Runs in ``opencomposer rl`` (synchronous and async), ``sft`` and ``pretrain``
+    (single phase and ``[[pretrain.phases]]``)."""
     ep: int = 1
     """Expert-parallel degree: ranks that split each MoE layer's routed experts
     (``opencomposer.distributed.expert``). Every rank of an expert-parallel group of ``ep`` ranks

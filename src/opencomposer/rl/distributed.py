@@ -1,4 +1,5 @@
-"""``opencomposer rl`` with data parallelism: rank 0 runs the RL loop, the other ranks train.
+"""``opencomposer rl`` with data parallelism: rank 0 runs the RL loop (synchronous, or the async
+services with ``rl.mode = "async"``), the other ranks train.
 
 Rank 0 runs ``rl.loop.RLRun`` unchanged in what it does (task stream, rollouts, scoring with the
 unsharded reference, evaluation, metrics, rollouts files, the exactly-once record, checkpoints)
@@ -56,6 +57,23 @@ class DataParallelRLRun(RLRun):
         return summary
 
 
+def _async_run_class():
+    """``DataParallelRLRun``'s swaps on top of the async loop (``services.async_rl``), defined on
+    first use: the services import more than the synchronous path needs."""
+    from opencomposer.services.async_rl import AsyncRLRun
+
+    class DataParallelAsyncRLRun(DataParallelRLRun, AsyncRLRun):
+        """Rank 0's async loop: its services are built from, and publish, the whole policy."""
+
+        def _state_dict(self) -> dict[str, torch.Tensor]:
+            return {k: v.detach().clone() for k, v in self.trainer.full_model().state_dict().items()}
+
+        def _start_services(self) -> None:
+            self._whole(super()._start_services)
+
+    return DataParallelAsyncRLRun
+
+
 def follow_rl(config: Config, world: World) -> None:
     """Ranks > 0: load the policy rank 0 starts from, shard it, and train as rank 0 commands."""
     import torch
@@ -74,12 +92,17 @@ def follow_rl(config: Config, world: World) -> None:
 
 def rl_worker(world: World, config: Config) -> RLSummary | None:
     """``distributed.launch``'s function for ``opencomposer rl``: rank 0's summary, None elsewhere."""
+    asynchronous = config.rl.mode == "async"
     if not world.distributed:
+        if asynchronous:
+            from opencomposer.services.async_rl import run_async
+
+            return run_async(config)
         from opencomposer.rl.loop import run_rl
 
         return run_rl(config)
     if world.main:
-        return DataParallelRLRun(config, world).run()
+        return (_async_run_class() if asynchronous else DataParallelRLRun)(config, world).run()
     follow_rl(config, world)
     return None
 
