@@ -96,7 +96,7 @@ def test_context_parallel_settings_are_checked():
         cfg.validate()
     with pytest.raises(ConfigError, match="parallel.cp: must be >= 1"):
         type(cfg.parallel)(cp=0)
-    with pytest.raises(ValueError, match="cannot form context-parallel groups of 2"):
+    with pytest.raises(ValueError, match="cannot form cp groups of 2"):
         World(0, 3, cp=2, cp_group=object())
-    with pytest.raises(ValueError, match="needs this rank's context-parallel group"):
+    with pytest.raises(ValueError, match="needs this rank's cp group"):
         World(0, 2, cp=2)

@@ -1,7 +1,8 @@
 """``[[pretrain.phases]]`` at world size 2 equal one process: three phases (a short ``lm`` phase, a
 longer one with a new RoPE base and ``mtp``, an ``sft`` + ``mtp`` phase on the oracle's episodes)
-run data-parallel (rows split over the ranks) and context-parallel (``parallel.cp = 2``: each row's
-positions split, and the run stopped after step 3 and resumed from its checkpoint) give the same
+run data-parallel (rows split over the ranks), context-parallel (``parallel.cp = 2``: each row's
+positions split, and the run stopped after step 3 and resumed from its checkpoint) and
+expert-parallel (``parallel.ep = 2``: each MoE layer's experts split) give the same
 losses, gradient norms, evaluations, checkpoint files and final weights as one process. The MoE
 load-balancing term is off: it is per rank by design."""
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from opencomposer.distributed.runtime import World, context_parallel_groups, free_port
+from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups, free_port
 from tests.pretrain.test_phases import _config, _corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
@@ -46,7 +47,7 @@ def _no_aux(phases) -> None:
     phases._build_model = without_aux
 
 
-def _rank(rank: int, cp: int, port: int, folder: str) -> None:
+def _rank(rank: int, cp: int, ep: int, port: int, folder: str) -> None:
     from opencomposer.pretrain import phases
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -56,7 +57,8 @@ def _rank(rank: int, cp: int, port: int, folder: str) -> None:
         with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
             config, corpus, tokenizer = pickle.load(f)
         _no_aux(phases)
-        world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank))
+        ep_group, _ = expert_parallel_groups(2, ep, rank)
+        world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank), ep=ep, ep_group=ep_group)
         if cp > 1:  # stopped after step 3 (inside the second phase) on every rank, then rerun
             def stop(step: int) -> None:
                 if step == STOP_AT:
@@ -91,13 +93,13 @@ def files(run_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file() and "tb" not in p.parts)
 
 
-@pytest.mark.parametrize("cp", [1, 2])
-def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokenizer, cp):
+@pytest.mark.parametrize(("cp", "ep"), [(1, 1), (2, 1), (1, 2)], ids=["data", "context", "expert"])
+def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokenizer, cp, ep):
     run_dir, history, weights = single
     config = _config(tmp_path, "run", PHASES, *EXTRA)
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((config, _corpus(), tiny_tokenizer), f)
-    torch.multiprocessing.spawn(_rank, args=(cp, free_port(), str(tmp_path)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_rank, args=(cp, ep, free_port(), str(tmp_path)), nprocs=2, join=True)
     got_history, got_weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     assert files(tmp_path / "run") == files(run_dir)  # checkpoints, metrics, plots: the same layout

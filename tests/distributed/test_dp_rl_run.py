@@ -1,5 +1,5 @@
 """``opencomposer rl`` at ``trainer.world_size = 2`` end to end (gloo, 2 processes, the tiny recipe),
-data-parallel and context-parallel (``parallel.cp = 2``): the same run folder layout, the same
+data-, context- (``parallel.cp = 2``) and expert-parallel (``parallel.ep = 2``): the same run folder layout, the same
 exactly-once record and the same weights as world size 1; and the async services
 (``rl.mode = "async"``, staleness 0, which trains what the synchronous loop trains) on two
 ranks, data- or context-parallel: the same record and weights."""
@@ -39,11 +39,12 @@ def single(tmp_path_factory) -> Path:
     return run(tmp_path_factory.mktemp("single"), 1)
 
 
-@pytest.mark.parametrize("cp", [1, 2])
-def test_an_rl_run_at_world_size_2_equals_world_size_1(single: Path, tmp_path: Path, cp: int):
+@pytest.mark.parametrize(("cp", "extra"), [(1, ()), (2, ()), (1, ("parallel.ep=2",))],
+                         ids=["data", "context", "expert"])
+def test_an_rl_run_at_world_size_2_equals_world_size_1(single: Path, tmp_path: Path, cp: int, extra: tuple):
     from safetensors.torch import load_file
 
-    one, two = single, run(tmp_path, 2, cp)
+    one, two = single, run(tmp_path, 2, cp, *extra)
     assert files(one) == files(two)
     a = load_file(one / "checkpoints/step-000002/model/model.safetensors")
     b = load_file(two / "checkpoints/step-000002/model/model.safetensors")

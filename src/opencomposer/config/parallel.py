@@ -5,10 +5,9 @@
 and the rendezvous port of a spawned group. ``[parallel]`` names the axes beyond data parallelism:
 context parallelism (``cp``, one sequence's tokens split over ranks) and expert parallelism (``ep``,
 a MoE layer's experts split over ranks). ``cp > 1`` runs in ``opencomposer rl`` (synchronous and
-async), ``sft`` and ``pretrain`` (single phase and phases). ``ep`` is accepted: the
-expert-parallel layer exists (``opencomposer.distributed.expert``), but the commands do not build
-expert-parallel groups yet, so ``distributed.runtime.launch`` still stops a run with ``ep > 1``
-(docs/distributed.md, "Expert parallelism").
+async), ``sft`` and ``pretrain`` (single phase and phases). ``ep > 1`` runs in the same commands,
+in place of FSDP: each MoE layer's experts split over the group, every other weight replicated
+(docs/distributed.md, "Expert parallelism in the commands").
 """
 
 from __future__ import annotations
@@ -61,9 +60,8 @@ class ParallelConfig(Section):
     Constraints, checked by ``distributed.expert.check_expert_parallel`` (``trainer.world_size`` and
     the model's expert count live outside this section): ``trainer.world_size`` a multiple of
     ``ep`` (``world_size / ep`` data-parallel replicas of each expert shard), and every MoE layer's
-    expert count ``E`` divisible by ``ep``. The layer and its equality tests exist; the ``rl`` and
-    ``pretrain`` commands do not build expert-parallel groups yet and refuse ``ep > 1`` when they
-    launch (docs/distributed.md)."""
+    expert count ``E`` divisible by ``ep``. Every command runs it (``distributed.fsdp.shard_model``
+    shards the experts instead of FSDP2, the other weights stay whole on every rank)."""
 
     def validate(self) -> None:
         if self.cp < 1:

@@ -52,10 +52,11 @@ class Config(Section):
             )
         # a context-parallel group is cp ranks of the trainer's group (distributed.runtime); under
         # torchrun (world_size 1 here) the launcher's WORLD_SIZE is checked when the group forms
-        cp, size = self.parallel.cp, self.trainer.world_size
-        if cp > 1 and size > 1 and size % cp:
-            raise ConfigError(f"parallel.cp = {cp}: trainer.world_size = {size} is not a multiple of it "
-                              f"(each context-parallel group is {cp} ranks)")
+        size = self.trainer.world_size
+        for axis, degree in (("cp", self.parallel.cp), ("ep", self.parallel.ep)):
+            if degree > 1 and size > 1 and size % degree:
+                raise ConfigError(f"parallel.{axis} = {degree}: trainer.world_size = {size} is not a multiple of it "
+                                  f"(each {'context' if axis == 'cp' else 'expert'}-parallel group is {degree} ranks)")
         # The sandbox clamps every command to max_timeout_s: a longer test limit would silently not hold.
         for key, timeout_s in (("grading.timeout_s", self.grading.timeout_s),
                                ("tasks.test_timeout_s", self.tasks.test_timeout_s)):

@@ -53,10 +53,9 @@ the whole model, load the full checkpoint, then call ``shard_experts``.
 
 Not done here
 -------------
-- Wiring into the commands: ``rl`` / ``pretrain`` do not build expert-parallel groups from
-  ``parallel.ep`` yet (``distributed.runtime.launch`` refuses ``ep > 1``), and FSDP2 sharding
-  (``distributed.fsdp``) would shard and average expert parameters over the whole mesh, which is
-  wrong for them: combining the two needs a 2-D mesh (docs/distributed.md, "What remains").
+- Combining with FSDP2: the commands run ``parallel.ep > 1`` with the other weights replicated
+  (``distributed.fsdp.shard_model``); FSDP of those over a 2-D mesh, the expert shards over their
+  replicas only, is the step beyond (docs/distributed.md).
 - No capacity factor or token dropping: every routed row is computed (exact, uneven load).
 - No overlap of communication and compute, no grouped GEMM: one matmul per local expert.
 - Code that reads expert weights directly instead of calling the module (``inference.invariant``,
@@ -133,6 +132,7 @@ class ExpertParallelExperts(nn.Module):
         for name in EXPERT_PARAMS:
             full = getattr(experts, name)
             local = nn.Parameter(full.detach()[block.start:block.stop].clone(), requires_grad=full.requires_grad)
+            local.expert_parallel_group = group  # a shard: its gradient norm counts over the group
             setattr(self, name, local)
         self.act_fn = experts.act_fn
         self.recipe = getattr(experts, "recipe", None)  # QuantizedExperts: the quantised matmuls

@@ -13,6 +13,15 @@ single process's ``optimizer.state_dict()`` is, so a run checkpointed at one wor
 at any other and every tool that reads a checkpoint keeps working. The cost is that rank 0 holds
 one full copy in CPU memory while writing; sharded (DCP) checkpoints are the step beyond this
 for models that do not fit one host's memory (docs/distributed.md).
+
+**Expert parallelism** (``World.ep > 1``) takes FSDP's place: ``shard_model`` keeps this rank's
+block of every MoE layer's experts (``distributed.expert.shard_experts``) and every other weight
+whole on every rank; after backward the runners call ``reduce_gradients``, which sums the
+replicated weights' gradients over all ranks and the expert shards' over their replicas
+(``sync_gradients``) and divides by N, the average that FSDP takes by itself. Full state dicts
+gather the expert shards (weights and Adam's moments) back into the single-process layout, and
+loading slices them again, so checkpoints move between ``ep`` settings too. Combining the two (FSDP
+of the replicated weights over a 2-D mesh) is the step beyond: docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -32,8 +41,15 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, world: World) -> torch.nn.Module:
-    """Shard ``model`` in place over ``world`` with FSDP2 (module doc); a no-op for one process."""
+    """Shard ``model`` in place over ``world`` with FSDP2, or its experts over ``world.ep_group``
+    under expert parallelism (module doc); a no-op for one process."""
     if not world.distributed:
+        return model
+    if world.ep > 1:
+        from opencomposer.distributed.expert import shard_experts
+
+        model.to(world.device)
+        shard_experts(model, world.ep_group)
         return model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -57,6 +73,11 @@ def full_model_state(model: torch.nn.Module, world: World) -> dict[str, torch.Te
     Collective: every rank must call it."""
     if not world.distributed:
         return {k: v.detach() for k, v in model.state_dict().items()}
+    if world.ep > 1:
+        from opencomposer.distributed.expert import full_state_dict
+
+        state = full_state_dict(model)  # every rank takes part in the gathers
+        return {k: v.cpu() for k, v in state.items()} if world.main else {}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_full_options())
@@ -73,6 +94,8 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     ``optimizer.state_dict()`` is (``{}`` on the other ranks). Collective."""
     if not world.distributed:
         return optimizer.state_dict()
+    if world.ep > 1:
+        return _ep_optimizer_state(model, optimizer, world)
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     by_name = get_optimizer_state_dict(model, optimizer, options=_full_options())
@@ -96,6 +119,9 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     if not world.distributed:
         optimizer.load_state_dict(state)
         return
+    if world.ep > 1:
+        _load_ep_optimizer_state(model, optimizer, world.broadcast(state), world)
+        return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     by_name: dict[str, Any] = {}
@@ -113,9 +139,88 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     set_optimizer_state_dict(model, optimizer, by_name, options=_full_options(broadcast_from_rank0=True))
 
 
-def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, world: World | None = None) -> float:
     """Clip the global gradient norm (over every rank's shards) to ``max_norm``; return the norm
-    before clipping, a Python float equal on every rank."""
+    before clipping, a Python float equal on every rank. Under expert parallelism (``world``) the
+    norm counts the replicated gradients once and every expert shard of the expert-parallel group."""
+    if world is not None and world.ep > 1:
+        return _clip_ep_gradients(parameters, max_norm, world)
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
     full = getattr(norm, "full_tensor", None)
     return float(full() if full is not None else norm)
+
+
+def reduce_gradients(model: torch.nn.Module, world: World) -> None:
+    """After backward: under expert parallelism, average the gradients over the ranks as FSDP does
+    (module doc); nothing otherwise (FSDP reduced them during backward)."""
+    if world.ep > 1:
+        from opencomposer.distributed.expert import sync_gradients
+
+        sync_gradients(model, None, world.expert_replicas, average=True)
+
+
+# ------------------------------------------------------------------------------- expert parallelism
+
+
+def _expert_names(model: torch.nn.Module) -> dict[str, Any]:
+    """Name of every expert shard -> the expert-parallel group it is split over."""
+    from opencomposer.distributed.expert import EXPERT_PARAMS, ExpertParallelExperts
+
+    return {f"{prefix}.{name}" if prefix else name: module.group
+            for prefix, module in model.named_modules() if isinstance(module, ExpertParallelExperts)
+            for name in EXPERT_PARAMS}
+
+
+def _clip_ep_gradients(parameters: list[torch.nn.Parameter], max_norm: float, world: World) -> float:
+    import torch.distributed as dist
+
+    with_grad = [p for p in parameters if p.grad is not None]
+    shards = [p for p in with_grad if getattr(p, "expert_parallel_group", None) is not None]
+    squared = torch.zeros((), dtype=torch.float64, device=world.device)
+    for p in shards:
+        squared += p.grad.detach().double().pow(2).sum()
+    dist.all_reduce(squared, group=world.ep_group)  # every expert of every layer, once
+    for p in with_grad:
+        if getattr(p, "expert_parallel_group", None) is None:  # replicated: equal on every rank
+            squared += p.grad.detach().double().pow(2).sum()
+    norm = float(squared.sqrt())
+    if norm > max_norm:
+        factor = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    return norm
+
+
+def _ep_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World) -> dict[str, Any]:
+    """Adam's state with every expert moment gathered back to ``[E, ...]`` (collective; rank 0 keeps it)."""
+    from opencomposer.distributed.expert import gather_experts
+
+    state = optimizer.state_dict()
+    groups = _expert_names(model)
+    names = _parameter_names(model, optimizer)
+    out = {"state": {}, "param_groups": state["param_groups"]}
+    for index, slots in sorted(state["state"].items()):
+        group = groups.get(names[index])
+        out["state"][index] = {slot: gather_experts(value, group).cpu() if group is not None and value.dim() else
+                               value.cpu() for slot, value in slots.items()}
+    return out if world.main else {}
+
+
+def _load_ep_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                             world: World) -> None:
+    """Load a single-process-layout Adam state, each rank keeping the rows of its experts."""
+    import torch.distributed as dist
+
+    groups = _expert_names(model)
+    names = _parameter_names(model, optimizer)
+    local: dict[str, Any] = {"state": {}, "param_groups": state["param_groups"]}
+    for index, slots in state["state"].items():
+        group = groups.get(names[int(index)])
+        if group is None:
+            local["state"][index] = slots
+            continue
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        local["state"][index] = {slot: value.chunk(size)[rank].clone() if value.dim() else value
+                                 for slot, value in slots.items()}
+    optimizer.load_state_dict(local)

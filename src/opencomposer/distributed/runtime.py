@@ -20,6 +20,12 @@ position ``r % c``. The ``c`` consecutive ranks of one data-parallel position ar
 group (``World.cp_group``): they get the same rows and each holds ``1 / c`` of every row's positions
 (``distributed.context``). ``join_group`` creates every group on every rank, in the same order, as
 ``torch.distributed.new_group`` requires.
+
+**Expert parallelism** (``parallel.ep = e``, ``trainer.world_size`` a multiple of ``e``): the ``e``
+consecutive ranks ``d·e … d·e + e - 1`` form an expert-parallel group (``World.ep_group``), each
+keeping ``E / e`` of every MoE layer's experts; the ranks at the same place in their groups hold the
+same experts (``World.expert_replicas``, ``world_size / e`` of them). Expert parallelism is a way
+to split the model, not the data: every rank still trains its own share of the rows.
 """
 
 from __future__ import annotations
@@ -51,12 +57,17 @@ class World:
     device: torch.device = torch.device("cpu")
     cp: int = 1
     cp_group: Any = None
+    ep: int = 1
+    ep_group: Any = None
+    expert_replicas: Any = None  # the ranks holding this rank's experts (None: only this rank)
 
     def __post_init__(self) -> None:
-        if self.cp < 1 or self.size % self.cp:
-            raise ValueError(f"World: {self.size} ranks cannot form context-parallel groups of {self.cp}")
-        if self.cp > 1 and self.cp_group is None:
-            raise ValueError(f"World: cp = {self.cp} needs this rank's context-parallel group")
+        for axis in ("cp", "ep"):
+            degree = getattr(self, axis)
+            if degree < 1 or self.size % degree:
+                raise ValueError(f"World: {self.size} ranks cannot form {axis} groups of {degree}")
+            if degree > 1 and getattr(self, f"{axis}_group") is None:
+                raise ValueError(f"World: {axis} = {degree} needs this rank's {axis} group")
 
     @property
     def main(self) -> bool:
@@ -177,9 +188,26 @@ def join_group(config: Config) -> World:
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend, rank=rank, world_size=size,
                                              device_id=device if device.type == "cuda" else None)
+    ep = config.parallel.ep
+    from opencomposer.distributed.expert import check_expert_parallel
+
+    check_expert_parallel(size, ep)
     global _JOINED
-    _JOINED = World(rank, size, local, device, cp=cp, cp_group=context_parallel_groups(size, cp, rank))
+    cp_group = context_parallel_groups(size, cp, rank)
+    ep_group, replicas = expert_parallel_groups(size, ep, rank)
+    _JOINED = World(rank, size, local, device, cp=cp, cp_group=cp_group, ep=ep, ep_group=ep_group,
+                    expert_replicas=replicas)
     return _JOINED
+
+
+def _own_groups(size: int, rank: int, members: list[list[int]]) -> Any:
+    """Create every group of ``members`` (on every rank, in the same order); return this rank's."""
+    own = None
+    for ranks in members:
+        group = torch.distributed.new_group(ranks)
+        if rank in ranks:
+            own = group
+    return own
 
 
 def context_parallel_groups(size: int, cp: int, rank: int) -> Any:
@@ -187,12 +215,19 @@ def context_parallel_groups(size: int, cp: int, rank: int) -> Any:
     every group, ranks ``d·cp … d·cp + cp - 1`` for each data-parallel position ``d``."""
     if cp == 1:
         return None
-    own = None
-    for first in range(0, size, cp):
-        group = torch.distributed.new_group(list(range(first, first + cp)))
-        if first <= rank < first + cp:
-            own = group
-    return own
+    return _own_groups(size, rank, [list(range(first, first + cp)) for first in range(0, size, cp)])
+
+
+def expert_parallel_groups(size: int, ep: int, rank: int) -> tuple[Any, Any]:
+    """This rank's expert-parallel group (``ep`` consecutive ranks) and its expert replicas (the
+    ranks at the same place in every group; None when there is one group). ``(None, None)``
+    when ``ep == 1``. Collective, like ``context_parallel_groups``."""
+    if ep == 1:
+        return None, None
+    group = _own_groups(size, rank, [list(range(first, first + ep)) for first in range(0, size, ep)])
+    if size == ep:
+        return group, None
+    return group, _own_groups(size, rank, [list(range(place, size, ep)) for place in range(ep)])
 
 
 def leave_group() -> None:
@@ -224,9 +259,6 @@ def launch(fn: Callable[..., Any], config: Config, *args: Any) -> Any:
     """Run ``fn(world, config, *args)`` on every rank of the trainer's group and return rank 0's
     value (``None`` on other ranks of a torchrun group). See the module doc for the three cases:
     under a launcher, spawned (``trainer.world_size > 1``), or in this process alone."""
-    if config.parallel.ep != 1:  # the layer exists; no runner builds expert-parallel groups yet
-        raise ConfigError(f"parallel.ep = {config.parallel.ep}: expert parallelism is not wired into the "
-                          "commands yet (docs/distributed.md); set parallel.ep = 1")
     if under_launcher():
         world = join_group(config)
         try:
@@ -236,9 +268,10 @@ def launch(fn: Callable[..., Any], config: Config, *args: Any) -> Any:
         return value if world.main else None
     size = config.trainer.world_size
     if size == 1:
-        if config.parallel.cp != 1:
-            raise ConfigError(f"parallel.cp = {config.parallel.cp} splits each sequence over that many ranks: "
-                              f"set trainer.world_size to a multiple of it (or run under torchrun)")
+        for axis, what in (("cp", "splits each sequence"), ("ep", "splits each MoE layer's experts")):
+            if getattr(config.parallel, axis) != 1:
+                raise ConfigError(f"parallel.{axis} = {getattr(config.parallel, axis)} {what} over that many ranks: "
+                                  f"set trainer.world_size to a multiple of it (or run under torchrun)")
         device, _ = _device_and_backend(config, 0)
         return fn(World(device=device), config, *args)
     if config.trainer.backend != "gloo" and torch.cuda.is_available() and torch.cuda.device_count() < size \

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from opencomposer.config import Config, ConfigError, PretrainConfig, to_toml
-from opencomposer.distributed.fsdp import clip_gradients, full_model_state, shard_model
+from opencomposer.distributed.fsdp import clip_gradients, full_model_state, reduce_gradients, shard_model
 from opencomposer.distributed.runtime import World
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
 from opencomposer.model.device import resolve_device
@@ -198,7 +198,8 @@ def pretrain(
                 loss, metrics = lm_loss(model, batch, aux_coef)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = clip_gradients(list(model.parameters()), config.grad_clip)
+            reduce_gradients(model, world)
+            grad_norm = clip_gradients(list(model.parameters()), config.grad_clip, world)
             optimizer.step()
             result.steps = step + 1
             result.tokens += batch[:, 1:].numel()

@@ -93,6 +93,7 @@ from opencomposer.distributed.fsdp import (
     full_model_state,
     full_optimizer_state,
     load_optimizer_state,
+    reduce_gradients,
     shard_model,
 )
 from opencomposer.distributed.runtime import World
@@ -863,7 +864,9 @@ def run_phases(
                     optimizer.zero_grad(set_to_none=True)
                     # FSDP averages gradients over the ranks; N × each rank's part sums them
                     (loss * world.size if world.distributed else loss).backward()
-                    grad_norm = clip_gradients([p for p in model.parameters() if p.grad is not None], pc.grad_clip)
+                    reduce_gradients(model, world)
+                    grad_norm = clip_gradients([p for p in model.parameters() if p.grad is not None], pc.grad_clip,
+                                               world)
                     optimizer.step()
                     if batches is not None:
                         result.tokens += step_tokens

@@ -45,7 +45,7 @@ import torch
 
 from opencomposer.config import Config, ConfigError, SFTConfig, to_toml
 from opencomposer.distributed.balance import split_rows
-from opencomposer.distributed.fsdp import clip_gradients, full_model_state, shard_model
+from opencomposer.distributed.fsdp import clip_gradients, full_model_state, reduce_gradients, shard_model
 from opencomposer.distributed.runtime import World
 from opencomposer.model.device import resolve_device
 from opencomposer.numerics.convert import convert_model
@@ -195,8 +195,9 @@ def sft(
             loss = nll / tokens
             optimizer.zero_grad(set_to_none=True)
             (loss * world.size if world.distributed else loss).backward()  # FSDP averages over the ranks
+            reduce_gradients(model, world)
             if config.grad_clip > 0:
-                clip_gradients([p for p in model.parameters() if p.grad is not None], config.grad_clip)
+                clip_gradients([p for p in model.parameters() if p.grad is not None], config.grad_clip, world)
             optimizer.step()
             result.steps = step + 1
             value = sum(world.gather(float(loss.detach())))

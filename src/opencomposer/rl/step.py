@@ -52,7 +52,7 @@ import torch
 
 from opencomposer.config import RLConfig
 from opencomposer.distributed.context import split_batch
-from opencomposer.distributed.fsdp import clip_gradients
+from opencomposer.distributed.fsdp import clip_gradients, reduce_gradients
 from opencomposer.distributed.runtime import World
 from opencomposer.model.routing import ReplayStats, RouterReplay
 from opencomposer.rl.losses import LossInputs, mismatch_kl, ratio_metrics, rl_loss, staleness_metrics
@@ -145,9 +145,10 @@ def train_step(
         padding_forward(model, device)
     if world.distributed:
         total_loss, totals, log_ratios, versions = merge_ranks(world, total_loss, totals, log_ratios, versions, replay)
+    reduce_gradients(model, world)  # expert parallelism; FSDP reduced during backward
     parameters = [p for p in model.parameters() if p.grad is not None]
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
-    grad_norm = clip_gradients(parameters, max_norm)
+    grad_norm = clip_gradients(parameters, max_norm, world)
     if not torch.isfinite(torch.tensor(grad_norm)):
         raise FloatingPointError(
             f"non-finite gradient norm ({grad_norm}); the step was not applied. Lower rl.lr or enable rl.grad_clip"
