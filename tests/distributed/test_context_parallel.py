@@ -171,7 +171,7 @@ def _rank(rank: int, port: int, folder: str) -> None:
             shift_left,
         )
         from opencomposer.model.routing import RouterReplay
-        from opencomposer.rl.distributed import cp_token_logprobs
+        from opencomposer.training.forward import cp_token_logprobs
 
         with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
             state, batch = pickle.load(f)

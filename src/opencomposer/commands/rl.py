@@ -12,9 +12,12 @@ from opencomposer.config import load_recipe
 def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
     from opencomposer.distributed.runtime import launch
-    from opencomposer.rl.distributed import rl_worker
 
-    summary = launch(rl_worker, config)  # trainer.world_size processes, or torchrun's, or this one
+    if config.rl.mode == "async":
+        from opencomposer.services.async_rl import async_worker as worker
+    else:
+        from opencomposer.rl.distributed import rl_worker as worker
+    summary = launch(worker, config)  # trainer.world_size processes, or torchrun's, or this one
     if summary is None:  # a following rank of a torchrun group: rank 0 reports
         return 0
     first, last = summary.first_eval, summary.last_eval

@@ -214,11 +214,10 @@ def sft(
 def model_token_nll(model: torch.nn.Module, batch: Any, world: World, pad_id: int, bf16: bool) -> torch.Tensor:
     """-Σ log π(token) over the model tokens of ``batch`` (this rank's positions of them under
     context parallelism)."""
-    from opencomposer.training.forward import token_logprobs
+    from opencomposer.training.forward import cp_token_logprobs, token_logprobs
 
     if world.cp > 1:
         from opencomposer.distributed.context import pad_batch_for_cp, split_batch
-        from opencomposer.rl.distributed import cp_token_logprobs
 
         batch = pad_batch_for_cp(batch, world.cp, pad_id)
         logprobs, _ = cp_token_logprobs(model, batch, world.cp_group, with_entropy=False, bf16=bf16)

@@ -1,5 +1,5 @@
-"""``opencomposer rl`` with data parallelism: rank 0 runs the RL loop (synchronous, or the async
-services with ``rl.mode = "async"``), the other ranks train.
+"""``opencomposer rl`` with data parallelism: rank 0 runs the RL loop, the other ranks train (the
+async services' rank 0 builds on this: ``services.async_rl.DataParallelAsyncRLRun``).
 
 Rank 0 runs ``rl.loop.RLRun`` unchanged in what it does (task stream, rollouts, scoring with the
 unsharded reference, evaluation, metrics, rollouts files, the exactly-once record, checkpoints)
@@ -14,7 +14,6 @@ train their share of each step in ``Trainer.follow`` until rank 0's ``stop``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -57,26 +56,8 @@ class DataParallelRLRun(RLRun):
         return summary
 
 
-def _async_run_class():
-    """``DataParallelRLRun``'s swaps on top of the async loop (``services.async_rl``), defined on
-    first use: the services import more than the synchronous path needs."""
-    from opencomposer.services.async_rl import AsyncRLRun
-
-    class DataParallelAsyncRLRun(DataParallelRLRun, AsyncRLRun):
-        """Rank 0's async loop: its services are built from, and publish, the whole policy."""
-
-        def _state_dict(self) -> dict[str, torch.Tensor]:
-            return {k: v.detach().clone() for k, v in self.trainer.full_model().state_dict().items()}
-
-        def _start_services(self) -> None:
-            self._whole(super()._start_services)
-
-    return DataParallelAsyncRLRun
-
-
 def follow_rl(config: Config, world: World) -> None:
     """Ranks > 0: load the policy rank 0 starts from, shard it, and train as rank 0 commands."""
-    import torch
 
     from opencomposer.model.loading import load_model
     from opencomposer.numerics.convert import convert_model
@@ -92,40 +73,11 @@ def follow_rl(config: Config, world: World) -> None:
 
 def rl_worker(world: World, config: Config) -> RLSummary | None:
     """``distributed.launch``'s function for ``opencomposer rl``: rank 0's summary, None elsewhere."""
-    asynchronous = config.rl.mode == "async"
     if not world.distributed:
-        if asynchronous:
-            from opencomposer.services.async_rl import run_async
-
-            return run_async(config)
         from opencomposer.rl.loop import run_rl
 
         return run_rl(config)
     if world.main:
-        return (_async_run_class() if asynchronous else DataParallelRLRun)(config, world).run()
+        return DataParallelRLRun(config, world).run()
     follow_rl(config, world)
     return None
-
-
-def cp_token_logprobs(model: torch.nn.Module, batch: Any, group: Any = None, *, replay: Any = None,
-                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, with_entropy: bool = True,
-                      bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``training.forward.token_logprobs`` under context parallelism (``distributed.context``):
-    log π(target) (and the entropy) at this rank's
-    positions of the FULL ``batch`` (``[rows, seq / cp]``, ``cp_indices`` order; pair them with
-    ``split_batch(batch, cp, rank)``). Every position is scored (no shared prefix, no
-    ``logits_to_keep`` window); positions without loss are the caller's to mask."""
-    from opencomposer.distributed.context import cp_forward, group_size_rank, split_sequence
-    from opencomposer.training.forward import autocast, token_logprobs_and_entropy
-
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
-    cp, rank = group_size_rank(group)
-    device = next(model.parameters()).device
-    with autocast(device, bf16):
-        out = cp_forward(model, batch.input_ids.to(device), batch.position_ids.to(device), group,
-                         routes=None if batch.routes is None else batch.routes.to(device), replay=replay)
-    logits = out.logits if temperature == 1.0 else out.logits / temperature
-    targets = split_sequence(batch.target_ids.to(device), cp, rank)
-    logprobs, entropy = token_logprobs_and_entropy(logits, targets, top_p, top_k)
-    return logprobs, entropy if with_entropy else None

@@ -37,7 +37,7 @@ single-process numbers.
 
 **Context parallel** (``world.cp > 1``): the ranks of a context-parallel group get the same
 micro-batches (whole rows, padded to a multiple of 2·cp positions); each forwards its chunks of
-the rows with attention over the whole rows (``rl.distributed.cp_token_logprobs``) and takes the
+the rows with attention over the whole rows (``training.forward.cp_token_logprobs``) and takes the
 loss over its positions only (``distributed.context.split_batch``). The step's token and
 sequence counts and each episode's token count already describe whole rows, so every rank's loss
 is its positions' part of the step's sum, and the N × scaling above holds over all N ranks: the
@@ -56,7 +56,7 @@ from opencomposer.distributed.fsdp import clip_gradients, reduce_gradients
 from opencomposer.distributed.runtime import World
 from opencomposer.model.routing import ReplayStats, RouterReplay
 from opencomposer.rl.losses import LossInputs, mismatch_kl, ratio_metrics, rl_loss, staleness_metrics
-from opencomposer.training.forward import batch_to, token_logprobs
+from opencomposer.training.forward import batch_to, cp_token_logprobs, token_logprobs
 from opencomposer.types import TrainBatch
 
 
@@ -121,8 +121,6 @@ def train_step(
         # layer through its key/value cache, past FSDP's backward hooks, which then find the
         # layer's weights resharded; a sharded policy computes every row in full instead
         if world.cp > 1:
-            from opencomposer.rl.distributed import cp_token_logprobs  # rl.distributed imports the loop
-
             logprobs, entropy = cp_token_logprobs(model, batch, world.cp_group, replay=replay, temperature=temperature,
                                                   top_p=top_p, top_k=top_k, bf16=config.bf16)
             batch = split_batch(batch, world.cp, world.cp_rank)  # this rank's positions, aligned with logprobs

@@ -26,6 +26,9 @@ sampled again. A group sampled by a version newer than the checkpoint (one the c
 sampled again rather than trained off a policy that no longer exists. A checkpoint is written
 before its version is published, so with ``rl.checkpoint_every = 1`` that never happens.
 
+**More processes** (``trainer.world_size > 1``, ``parallel.cp``/``ep``): rank 0 runs all of the
+above with the policy sharded (``DataParallelAsyncRLRun``), the other ranks only train.
+
 **Backends.** ``services.backend = "embedded"`` runs the services as threads of this process;
 ``"ray"`` runs inference, environment workers and evaluation as Ray actors with the same
 interfaces (``services.ray_backend``), the trainer staying in this process (the driver).
@@ -43,7 +46,9 @@ from typing import Any
 import torch
 
 from opencomposer.config import Config
+from opencomposer.distributed.runtime import World
 from opencomposer.rl.checkpoint import TaskRecord, latest_checkpoint
+from opencomposer.rl.distributed import DataParallelRLRun, follow_rl
 from opencomposer.rl.loop import RLRun, RLSummary, step_records
 from opencomposer.rl.rollouts import episode_seed
 from opencomposer.services.faults import FaultPlan, TrainerKilled, fire
@@ -355,6 +360,29 @@ class AsyncRLRun(RLRun):
         path = super().checkpoint()
         self.groups.remove(sorted(self._recorded))
         return path
+
+
+class DataParallelAsyncRLRun(DataParallelRLRun, AsyncRLRun):
+    """Rank 0 of a multi-process async run (``trainer.world_size > 1``): the policy is sharded over
+    the ranks (``rl.distributed``), so the services are built from, and the weight store fed with,
+    the policy gathered whole; the other ranks train in ``rl.distributed.follow_rl``."""
+
+    def _state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.trainer.full_model().state_dict().items()}
+
+    def _start_services(self) -> None:
+        self._whole(super()._start_services)
+
+
+def async_worker(world: World, config: Config) -> RLSummary | None:
+    """``distributed.launch``'s function for ``opencomposer rl`` with ``rl.mode = "async"``: rank
+    0's summary, None elsewhere."""
+    if not world.distributed:
+        return run_async(config)
+    if world.main:
+        return DataParallelAsyncRLRun(config, world).run()
+    follow_rl(config, world)
+    return None
 
 
 def run_async(config: Config, progress: bool = True, faults: FaultPlan | None = None,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -170,3 +171,26 @@ def batch_to(batch: TrainBatch, device: torch.device) -> TrainBatch:
         for f in dataclasses.fields(batch)
     }
     return TrainBatch(**moved)
+
+
+def cp_token_logprobs(model: torch.nn.Module, batch: Any, group: Any = None, *, replay: Any = None,
+                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, with_entropy: bool = True,
+                      bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``training.forward.token_logprobs`` under context parallelism (``distributed.context``):
+    log π(target) (and the entropy) at this rank's
+    positions of the FULL ``batch`` (``[rows, seq / cp]``, ``cp_indices`` order; pair them with
+    ``split_batch(batch, cp, rank)``). Every position is scored (no shared prefix, no
+    ``logits_to_keep`` window); positions without loss are the caller's to mask."""
+    from opencomposer.distributed.context import cp_forward, group_size_rank, split_sequence
+
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+    cp, rank = group_size_rank(group)
+    device = next(model.parameters()).device
+    with autocast(device, bf16):
+        out = cp_forward(model, batch.input_ids.to(device), batch.position_ids.to(device), group,
+                         routes=None if batch.routes is None else batch.routes.to(device), replay=replay)
+    logits = out.logits if temperature == 1.0 else out.logits / temperature
+    targets = split_sequence(batch.target_ids.to(device), cp, rank)
+    logprobs, entropy = token_logprobs_and_entropy(logits, targets, top_p, top_k)
+    return logprobs, entropy if with_entropy else None
