@@ -116,3 +116,33 @@ def test_the_exploring_oracle_resolves_generated_bug_tasks(tmp_path):
 def test_sft_demonstrations_is_checked():
     with pytest.raises(ConfigError, match="sft.demonstrations"):
         SFTConfig(demonstrations="guess").validate()
+
+
+def test_flat_layout_moves_a_src_project_to_the_root_and_keeps_its_tests_passing(tmp_path):
+    from opencomposer.tasks.generators.source import flat_layout, project, with_layouts
+
+    shipped = project("inventory")
+    flat = flat_layout(shipped)
+    assert flat is not None and flat.name == "inventory" and flat.root == shipped.root
+    assert not any(p.startswith("src/") for p in flat.tree)
+    assert sorted(p.removeprefix("src/") for p in shipped.tree) == sorted(flat.tree)
+    assert 'pythonpath = ["."]' in flat.tree["pyproject.toml"].decode()
+    assert flat_layout(project("ledger")) is None  # flat already
+    assert [s.tree is shipped.tree for s in with_layouts([shipped], ["as_shipped", "flat"])] == [True, False]
+    assert len(with_layouts([project("ledger")], ["flat"])) == 1
+    with pytest.raises(ConfigError, match="tasks.layouts"):
+        TasksConfig(layouts=["nested"]).validate()
+
+
+@pytest.mark.integration
+def test_tasks_in_the_flat_layout_verify_and_the_exploring_oracle_resolves_them(tmp_path):
+    config = TasksConfig(multi_bug_fraction=0.0, bug_styles=["function"], max_turns=8, layouts=["flat"],
+                         train_projects=["inventory"])
+    results = generate(TaskFactory("bugs", seed=2, split="train", config=config), 2, tmp_path / "pool")
+    tasks = [r.task for r in results if r.task is not None]
+    assert len(tasks) == 2  # verified like every task: gold resolves, the broken state fails
+    for task in tasks:
+        assert not task.metadata["files"][0].startswith("src/") and (task.repo / "inventory").is_dir()
+        assert not (task.repo / "src").exists()
+        episode = run_episode(task, ScriptedPolicy(explore_script), Config())
+        assert episode.grade.resolved, task.id

@@ -9,6 +9,7 @@ from typing import Literal
 from opencomposer.config.section import ConfigError, Section
 
 BUG_STYLES = ("function", "module", "behaviour")
+LAYOUTS = ("as_shipped", "flat")
 
 TaskFamily = Literal["", "tiny", "tiny-composed", "tiny-words", "tiny-long"]
 """A built-in family of ``opencomposer.tasks.generators.tiny`` (its ``FAMILIES``, ``tiny-long``
@@ -41,6 +42,11 @@ class TasksConfig(Section):
     ``behaviour`` (only the broken behaviour: hard). ``["function"]`` makes the easiest pool."""
     max_turns: int = 40
     """Turn budget written into every generated task (``[budgets] max_turns``)."""
+    layouts: list[str] = field(default_factory=lambda: ["as_shipped"])
+    """How a project's files are laid out in its tasks, each task drawing one of these:
+    ``as_shipped``, or ``flat`` (a ``src/`` project's package moved to the repository root, its
+    pytest ``pythonpath`` with it; a flat project stays as it is). Both together teach a policy to
+    take paths from what its tools print rather than from a habit of one layout."""
     max_attempts: int = 40
     """Candidates tried for one task index before the index is given up (and reported)."""
     test_timeout_s: float = 120.0
@@ -71,6 +77,10 @@ class TasksConfig(Section):
                               f"got {self.bug_styles}")
         if self.max_turns < 1:
             raise ConfigError(f"tasks.max_turns: must be >= 1, got {self.max_turns}")
+        unknown = sorted(set(self.layouts) - set(LAYOUTS))
+        if unknown or not self.layouts or len(set(self.layouts)) != len(self.layouts):
+            raise ConfigError(f"tasks.layouts: expected a non-empty list of distinct {', '.join(LAYOUTS)}, "
+                              f"got {self.layouts}")
         if self.max_attempts < 1 or self.workers < 1:
             raise ConfigError(f"tasks.max_attempts and tasks.workers must be >= 1, got {self.max_attempts} "
                               f"and {self.workers}")

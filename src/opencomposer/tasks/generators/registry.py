@@ -49,7 +49,7 @@ from opencomposer.tasks.generators.common import (
     realize,
     rng_for,
 )
-from opencomposer.tasks.generators.source import SourceRepo, project
+from opencomposer.tasks.generators.source import SourceRepo, project, with_layouts
 from opencomposer.types import Task
 
 GENERATOR_KINDS = ("bugs", "deletion", "refactor")
@@ -103,7 +103,9 @@ class TaskFactory:
         self.kind, self.seed, self.split = kind, seed, split
         self.config = config or TasksConfig()
         self.lab = Lab(self.config, sandbox)
-        self.sources = sources if sources is not None else [project(n) for n in split_projects(self.config, split)]
+        if sources is None:
+            sources = with_layouts([project(n) for n in split_projects(self.config, split)], self.config.layouts)
+        self.sources = sources
         if not self.sources:
             raise ValueError("no source repositories to generate tasks from")
         self._generators: dict[str, Generator] = {}

@@ -173,6 +173,41 @@ def load_source(root: Path | str, name: str | None = None, test_command: str = "
     return source
 
 
+def flat_layout(source: SourceRepo) -> SourceRepo | None:
+    """``source`` with its ``src/`` folder's contents moved to the repository root and pytest's
+    ``pythonpath`` (and ruff's ``src``) in ``pyproject.toml`` pointed there: the same project in a
+    flat layout. None for a project that has no ``src/`` folder (flat already). Keeps ``name`` and
+    ``root``, so a task made from it stores the move in its setup patch against the shipped base."""
+    import re
+
+    if not any(p.startswith("src/") for p in source.code_files):
+        return None
+    tree: Tree = {}
+    for rel, data in source.tree.items():
+        moved = rel.removeprefix("src/")
+        if moved in tree or (moved != rel and moved in source.tree):
+            raise SourceError(f"{source.name}: {rel} would overwrite {moved} in a flat layout")
+        tree[moved] = data
+    if "pyproject.toml" in tree:
+        text = tree["pyproject.toml"].decode("utf-8")
+        text = re.sub(r'(?m)^(\s*(?:pythonpath|src)\s*=\s*)\[\s*"src"\s*\]', r'\1["."]', text)
+        tree["pyproject.toml"] = text.encode("utf-8")
+    return SourceRepo(source.name, source.root, tree, source.test_command)
+
+
+def with_layouts(sources: list[SourceRepo], layouts: list[str]) -> list[SourceRepo]:
+    """Every source in every layout of ``tasks.layouts`` (``as_shipped``, ``flat``); a flat
+    project counts once when both are asked for."""
+    out = []
+    for source in sources:
+        flat = flat_layout(source) if "flat" in layouts else None
+        if "as_shipped" in layouts or flat is None:
+            out.append(source)
+        if flat is not None:
+            out.append(flat)
+    return out
+
+
 def project(name: str) -> SourceRepo:
     """One of the built-in source projects (inventory, textkit, ledger, scheduler, confkit)."""
     root = PROJECTS_DIR / name
