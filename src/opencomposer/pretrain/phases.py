@@ -811,11 +811,11 @@ def run_phases(
             first = state["step"] if phase.index == state["phase"] else 0
             summary = PhaseSummary(phase.name, c.seq_len, phase.steps, 0)
             result.phases.append(summary)
-            for copy_ in (model, host) if host is not None else (model,):
-                if c.rope_theta and rope_theta(copy_) != c.rope_theta:
-                    set_rope_theta(copy_, c.rope_theta)
-                if c.seq_len > getattr(copy_.config, "max_position_embeddings", c.seq_len):
-                    copy_.config.max_position_embeddings = c.seq_len
+            for target in (model, host) if host is not None else (model,):  # rank 0's whole copy too
+                if c.rope_theta and rope_theta(target) != c.rope_theta:
+                    set_rope_theta(target, c.rope_theta)
+                if c.seq_len > getattr(target.config, "max_position_embeddings", c.seq_len):
+                    target.config.max_position_embeddings = c.seq_len
             batches = MixedBatches(corpus.train, phase, tokenizer, separator, config.run.seed) if phase.rows else None
             demo_batches = None
             if "sft" in c.losses:
