@@ -100,3 +100,11 @@ def test_context_parallel_settings_are_checked():
         World(0, 3, cp=2, cp_group=object())
     with pytest.raises(ValueError, match="needs this rank's cp group"):
         World(0, 2, cp=2)
+
+
+def test_the_collective_timeout_is_checked():
+    from opencomposer.config import TrainerConfig
+
+    assert TrainerConfig().timeout_s == 3600.0
+    with pytest.raises(ConfigError, match="trainer.timeout_s"):
+        TrainerConfig(timeout_s=0)

@@ -28,6 +28,10 @@ class TrainerConfig(Section):
     sharded over them with FSDP2 and each rank trains on a share of every step's rows."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend: ``auto`` picks ``nccl`` when the run trains on CUDA, else ``gloo`` (CPU)."""
+    timeout_s: float = 3600.0
+    """How long a rank waits in one collective before the group fails. The other ranks wait in one
+    while rank 0 samples an RL step or records SFT demonstrations in the sandbox, so this bounds
+    those; torch's own defaults (10 minutes for NCCL) are shorter than a long rollout."""
     master_port: int = 29512
     """TCP port of the rendezvous on 127.0.0.1 when the command spawns the group itself; 0 picks a
     free port. Ignored under ``torchrun``, which sets ``MASTER_ADDR`` / ``MASTER_PORT``."""
@@ -35,6 +39,8 @@ class TrainerConfig(Section):
     def validate(self) -> None:
         if self.world_size < 1:
             raise ConfigError(f"trainer.world_size: must be >= 1, got {self.world_size}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"trainer.timeout_s: must be > 0 seconds, got {self.timeout_s}")
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"trainer.master_port: must be a TCP port in 0..65535 (0: any free), got {self.master_port}")
 

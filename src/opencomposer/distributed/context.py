@@ -201,12 +201,13 @@ def shift_left(local: torch.Tensor, k: int, group: Any = None, fill: float | int
     return torch.cat([torch.cat([own[j][:, k:], head(c + 1)], dim=1) for j, c in enumerate(chunks)], dim=1)
 
 
-def global_count(count: int | torch.Tensor, group: Any = None) -> torch.Tensor:
+def global_count(count: int | torch.Tensor, group: Any = None, device: torch.device | str = "cpu") -> torch.Tensor:
     """A count (tokens with loss, valid rows) summed over the CP group: the denominator that makes
-    local sums add up to the single-process mean."""
-    total = torch.as_tensor(count, dtype=torch.float64).clone().reshape(1)
+    local sums add up to the single-process mean. ``device``: where the collective runs (the
+    model's device: NCCL reduces CUDA tensors only)."""
+    total = torch.as_tensor(count, dtype=torch.float64).clone().reshape(1).to(device)
     dist.all_reduce(total, group=group)
-    return total[0]
+    return total[0].cpu()
 
 
 # ------------------------------------------------------------------------------------ attention
@@ -402,14 +403,15 @@ def cp_mtp_distillation_loss(model: torch.nn.Module, logits: torch.Tensor, hidde
             p_log = shift_left(target, k, group)[valid]
             q_log = torch.log_softmax(draft.float(), dim=-1)[valid]
             kl = (p_log.exp() * (p_log - q_log)).sum(-1)
-            count = global_count(int(valid.sum()), counted)
+            count = global_count(int(valid.sum()), counted, logits.device)
             if count > 0:
                 total = total + kl.sum() / count.to(kl.dtype) / len(depths)
             sums.append(torch.tensor([float(kl.detach().sum()), float((p_log.argmax(-1) == q_log.argmax(-1)).sum()),
                                       float(valid.sum())], dtype=torch.float64))
     if sums:
-        every = torch.stack(sums)
+        every = torch.stack(sums).to(logits.device)
         dist.all_reduce(every, group=counted)
+        every = every.cpu()
         overall = 0.0
         for k, (kl_sum, agreed, rows) in zip(depths, every.tolist(), strict=True):
             if rows:

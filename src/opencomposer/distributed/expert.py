@@ -280,12 +280,19 @@ def sync_gradients(model: nn.Module, group=None, expert_replicas=None, average: 
     import torch.distributed as dist
 
     size = dist.get_world_size(group)
-    experts = {id(p) for _, p in expert_parameters(model)}
+    shards = [p for _, p in expert_parameters(model)]
+    experts = {id(p) for p in shards}
+    # A shard without a gradient: when its layer ran backward on some rank, no row reached these
+    # experts, and one process would hold zeros in their rows of the layer's gradient (Adam still
+    # steps them), so hold zeros too; when no rank ran the layer's backward (a loss that reads the
+    # trunk without gradient), one process has no gradient for the layer at all: leave it None.
+    if shards:
+        some = torch.tensor([float(p.grad is not None) for p in shards], device=shards[0].device)
+        dist.all_reduce(some, op=dist.ReduceOp.MAX, group=group)
+        for parameter, anywhere in zip(shards, some.tolist(), strict=True):
+            if parameter.grad is None and anywhere and parameter.requires_grad:
+                parameter.grad = torch.zeros_like(parameter)
     for parameter in model.parameters():
-        if parameter.grad is None and id(parameter) in experts and parameter.requires_grad:
-            # no row reached this shard on any rank: one process would hold zeros in these rows of
-            # the layer's expert gradient (and Adam would still step them), so hold zeros too
-            parameter.grad = torch.zeros_like(parameter)
         grad = parameter.grad
         if grad is None:
             continue

@@ -120,6 +120,8 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
         optimizer.load_state_dict(state)
         return
     if world.ep > 1:
+        if world.main and state is None:
+            raise ValueError("load_optimizer_state: rank 0 must pass the saved optimizer state")
         _load_ep_optimizer_state(model, optimizer, world.broadcast(state), world)
         return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict

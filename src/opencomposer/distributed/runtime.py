@@ -30,6 +30,7 @@ to split the model, not the data: every rank still trains its own share of the r
 
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 import socket
@@ -187,7 +188,8 @@ def join_group(config: Config) -> World:
     device, backend = _device_and_backend(config, local)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(backend, rank=rank, world_size=size,
-                                             device_id=device if device.type == "cuda" else None)
+                                             device_id=device if device.type == "cuda" else None,
+                                             timeout=datetime.timedelta(seconds=config.trainer.timeout_s))
     ep = config.parallel.ep
     from opencomposer.distributed.expert import check_expert_parallel
 

@@ -732,7 +732,8 @@ def run_phases(
     if progress:
         print_corpus(report)
 
-    checkpoint = latest_checkpoint(run_dir)  # before any rank trains, so the same on every rank
+    # rank 0 picks the checkpoint; the others get its choice once rank 0's model is built (below)
+    checkpoint = latest_checkpoint(run_dir) if world.main else world.broadcast(None)
     state: dict[str, Any] = {"phase": 0, "step": 0, "global_step": 0, "tokens": 0, "mix": {}}
     if checkpoint is not None:
         state = json.loads((checkpoint / "state.json").read_text())
@@ -742,6 +743,7 @@ def run_phases(
     model, tokenizer = _build_model(config, tokenizer, device, checkpoint)
     if world.main and world.distributed:
         world.barrier()
+        world.broadcast(checkpoint)
     from opencomposer.model.mtp import mtp_layers
 
     if any("mtp" in p.config.losses for p in plan) and not mtp_layers(model):
@@ -751,10 +753,10 @@ def run_phases(
     host = copy.deepcopy(model).cpu() if world.distributed and world.main else None  # to checkpoint from
     shard_model(model, world)
     optimizer = build_optimizer(model, lr=plan[0].config.lr, betas=tuple(pc.betas), weight_decay=pc.weight_decay)
-    if checkpoint is not None:
-        saved = torch.load(checkpoint / "trainer.pt", weights_only=False)
-        load_optimizer_state(model, optimizer, saved["optimizer"] if world.main else None, world)
-        torch.set_rng_state(saved["torch_rng"])
+    if checkpoint is not None:  # rank 0 reads Adam's state and hands each rank its part
+        saved = torch.load(checkpoint / "trainer.pt", weights_only=False) if world.main else {}
+        load_optimizer_state(model, optimizer, saved.get("optimizer"), world)
+        torch.set_rng_state(world.broadcast(saved.get("torch_rng")))
         if progress:
             print(f"resuming {checkpoint.name}: phase {plan[state['phase']].name}, step {state['step']}")
     else:
@@ -948,6 +950,12 @@ def _check_world(plan: list[Phase], world: World) -> None:
         if "sft" in c.losses and c.sft_batch_size < world.dp_size:
             raise ConfigError(f"pretrain.phases ({phase.name}): sft_batch_size = {c.sft_batch_size} gives some of "
                               f"the {world.dp_size} data-parallel ranks no demonstrations")
+        if world.distributed and world.ep == 1 and "mtp" in c.losses and not {"lm", "sft"} & set(c.losses):
+            # the trunk's forward runs without gradient, so FSDP2's backward hooks (registered on
+            # its outputs) never fire and the MTP layers' gradients would not be reduced
+            raise ConfigError(f"pretrain.phases ({phase.name}): losses = {c.losses} trains the MTP layers alone, "
+                              "which does not run under FSDP (trainer.world_size > 1) yet; add 'lm' or 'sft', "
+                              "run it in one process, or with parallel.ep")
         if phase.rows and world.cp > 1 and c.seq_len % (2 * world.cp):
             raise ConfigError(f"pretrain.phases ({phase.name}): seq_len = {c.seq_len} does not split into the "
                               f"{2 * world.cp} chunks of context parallelism (parallel.cp = {world.cp})")
