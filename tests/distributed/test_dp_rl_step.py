@@ -1,7 +1,9 @@
-"""Data-parallel RL training equals the single process: one ``Trainer.train`` step at world size 2
-(gloo, two CPU processes, FSDP2) gives the same loss, metrics, updated weights and Adam state as
-world size 1 on the same rows, starting from a single-process checkpoint state, and writes Adam's
-state in the single-process layout (so checkpoints move between world sizes)."""
+"""RL training on more ranks equals the single process: one ``Trainer.train`` step (gloo, CPU
+processes) data-parallel (FSDP2), context-parallel (``parallel.cp = 2``: each row's positions split)
+and expert-parallel (``parallel.ep = 2``: each MoE layer's experts split, in place of FSDP), at world
+size 2 and 4, gives the same loss, metrics, updated weights and Adam state as one process on the
+same rows, starting from a single-process checkpoint state (loaded into the shards), and writes
+Adam's state in the single-process layout (so checkpoints move between world sizes and layouts)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 
 from opencomposer.config import Config
 from opencomposer.distributed.balance import row_cost, split_rows
-from opencomposer.distributed.runtime import World, free_port
+from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups, free_port
 from opencomposer.rl.trainer import ScoredStep, Trainer
 from opencomposer.training.packing import episode_rows
 
@@ -41,14 +43,17 @@ def make_rows(seed: int, advantages: list[float]):
     return episode_rows(episodes, advantages)
 
 
-def _rank(rank: int, port: int, folder: str) -> None:
+def _rank(rank: int, size: int, cp: int, ep: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=size)
     try:
         torch.set_num_threads(1)
         with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
             model, state, rows = pickle.load(f)
-        trainer = Trainer(model, TOKENIZER, config(), world=World(rank, 2))
+        ep_group, replicas = expert_parallel_groups(size, ep, rank)
+        world = World(rank, size, cp=cp, cp_group=context_parallel_groups(size, cp, rank), ep=ep,
+                      ep_group=ep_group, expert_replicas=replicas)
+        trainer = Trainer(model, TOKENIZER, config(), world=world)
         if rank:
             trainer.follow()
             return
@@ -81,7 +86,13 @@ def test_split_rows_balances_cost_and_keeps_every_row_once():
     assert row_cost(900) == pytest.approx(900 + 900**2 / 1024)
 
 
-def test_rl_train_step_at_world_size_2_equals_world_size_1(small_model, tmp_path):
+# (world size, cp, ep): data parallel; each row split over 2 ranks (one share of the rows, then two);
+# each MoE layer's experts split over 2 ranks, alone and with two replicas of each shard
+LAYOUTS = [(2, 1, 1), (2, 2, 1), (4, 2, 1), (2, 1, 2), (4, 1, 2)]
+
+
+@pytest.mark.parametrize(("size", "cp", "ep"), LAYOUTS, ids=["dp2", "cp2", "dp2xcp2", "ep2", "dp2xep2"])
+def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, size, cp, ep):
     first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
     second = make_rows(2, [0.7, -0.3, -0.4, 0.6, -0.2, -0.4])
     single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
@@ -89,7 +100,7 @@ def test_rl_train_step_at_world_size_2_equals_world_size_1(small_model, tmp_path
     start_model, start_state = copy.deepcopy(single.model), copy.deepcopy(single.state_dict())
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((start_model, start_state, second), f)
-    torch.multiprocessing.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_rank, args=(size, cp, ep, free_port(), str(tmp_path)), nprocs=size, join=True)
     out = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     loss, metrics = single.train(ScoredStep(rows=copy.deepcopy(second)))
@@ -97,7 +108,10 @@ def test_rl_train_step_at_world_size_2_equals_world_size_1(small_model, tmp_path
     assert out["loss"] == pytest.approx(loss, rel=1e-5)
     for name in ("tokens", "grad_norm", "neg_logprob", "entropy", "ratio_mean", "mismatch_kl", "ratio_max"):
         assert out["metrics"][name] == pytest.approx(metrics[name], rel=1e-4), name
-    assert out["metrics"]["micro_batches"] < metrics["micro_batches"]  # each rank ran a share
+    if size // cp > 1:  # each data-parallel share ran fewer micro-batches than the whole step
+        assert out["metrics"]["micro_batches"] < metrics["micro_batches"]
+    else:  # one share: rank 0 ran every micro-batch (on half of each row)
+        assert out["metrics"]["micro_batches"] == metrics["micro_batches"]
     weights = single.model.state_dict()
     moved = 0.0
     for name, value in weights.items():

@@ -1,10 +1,9 @@
 """Expert parallelism in the runners equals the single process (``parallel.ep``; gloo, CPU
 processes): ``shard_model`` keeps each rank's block of every MoE layer's experts, the runners
 average the gradients with ``reduce_gradients`` and clip by the norm over every shard, and the full
-state dicts gather the shards back. One RL ``Trainer.train`` step (from a single-process Adam
-state, loaded into the shards) at world size 2 (ep = 2) and 4 (ep = 2, two replicas of each shard)
-gives the same loss, metrics, weights and Adam state as one process; two pretraining steps at
-world size 2 give the same losses and weights. A tiny Qwen3-MoE with 4 experts, top-2."""
+state dicts gather the shards back. Two pretraining steps at world size 2 give the same losses and
+weights as one process (the RL step is in ``test_dp_rl_step.py``, the phases in
+``test_dp_phases.py``). A tiny Qwen3-MoE with 4 experts, top-2."""
 
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ import torch
 
 from opencomposer.config import Config, ConfigError, PretrainConfig
 from opencomposer.distributed.runtime import World, expert_parallel_groups, free_port
-from opencomposer.rl.trainer import ScoredStep, Trainer
-from tests.distributed.test_dp_rl_step import TOKENIZER, config, make_rows
 
 EP = 2
 PRETRAIN = PretrainConfig(batch_size=4, seq_len=32, max_steps=2, lr=3e-3, warmup_steps=0, eval_batches=0,
@@ -31,26 +28,6 @@ def _world(rank: int, size: int, port: int) -> World:
     torch.set_num_threads(1)
     group, replicas = expert_parallel_groups(size, EP, rank)
     return World(rank, size, ep=EP, ep_group=group, expert_replicas=replicas)
-
-
-def _rl_rank(rank: int, size: int, port: int, folder: str) -> None:
-    world = _world(rank, size, port)
-    try:
-        with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
-            model, state, rows = pickle.load(f)
-        trainer = Trainer(model, TOKENIZER, config(), world=world)
-        if rank:
-            trainer.follow()
-            return
-        trainer.load_state_dict(state)
-        loss, metrics = trainer.train(ScoredStep(rows=rows))
-        out = {"loss": loss, "metrics": metrics, "state": trainer.state_dict(),
-               "weights": {k: v.clone() for k, v in trainer.full_model().state_dict().items()}}
-        trainer.stop()
-        with open(os.path.join(folder, "out.pkl"), "wb") as f:
-            pickle.dump(out, f)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def _pretrain_rank(rank: int, size: int, port: int, folder: str) -> None:
@@ -68,44 +45,6 @@ def _pretrain_rank(rank: int, size: int, port: int, folder: str) -> None:
                 pickle.dump((result.history, weights), f)
     finally:
         torch.distributed.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def small_model(tiny_tokenizer):
-    from opencomposer.model.loading import load_model
-    from tests.training.test_forward import SMALL
-
-    return load_model(SMALL, tiny_tokenizer, seed=5)[0]
-
-
-@pytest.mark.parametrize("size", [2, 4])
-def test_rl_train_step_with_expert_parallelism_equals_one_process(small_model, tmp_path, size):
-    first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
-    second = make_rows(2, [0.7, -0.3, -0.4, 0.6, -0.2, -0.4])
-    single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
-    single.train(ScoredStep(rows=copy.deepcopy(first)))  # Adam state to start the compared step from
-    start_model, start_state = copy.deepcopy(single.model), copy.deepcopy(single.state_dict())
-    with open(tmp_path / "inputs.pkl", "wb") as f:
-        pickle.dump((start_model, start_state, second), f)
-    torch.multiprocessing.spawn(_rl_rank, args=(size, free_port(), str(tmp_path)), nprocs=size, join=True)
-    out = pickle.loads((tmp_path / "out.pkl").read_bytes())
-
-    loss, metrics = single.train(ScoredStep(rows=copy.deepcopy(second)))
-    assert metrics["grad_norm"] > config().rl.grad_clip  # clipping was active
-    assert out["loss"] == pytest.approx(loss, rel=1e-5)
-    for name in ("tokens", "grad_norm", "neg_logprob", "entropy", "ratio_mean", "mismatch_kl", "ratio_max"):
-        assert out["metrics"][name] == pytest.approx(metrics[name], rel=1e-4), name
-    moved = 0.0
-    for name, value in single.model.state_dict().items():
-        torch.testing.assert_close(out["weights"][name], value, rtol=1e-4, atol=1e-6, msg=name)
-        moved = max(moved, float((value - start_model.state_dict()[name]).abs().max()))
-    assert moved > 1e-4  # the step changed the weights, so equality is not vacuous
-    got, want = out["state"]["optimizer"], single.state_dict()["optimizer"]
-    assert got["param_groups"] == want["param_groups"]
-    assert sorted(got["state"]) == sorted(want["state"])
-    for index, slots in want["state"].items():
-        for slot, value in slots.items():
-            torch.testing.assert_close(got["state"][index][slot], value, rtol=1e-4, atol=1e-7)
 
 
 def test_pretrain_steps_with_expert_parallelism_equal_one_process(tiny_tokenizer, code_corpus, tmp_path):
