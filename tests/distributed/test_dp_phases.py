@@ -145,10 +145,11 @@ def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokeniz
     # element moves by lr·sign(g)). Data-parallel: every tensor within tolerance but for a few
     # embedding rows. Under CP (a dense masked attention instead of the single process's kernel,
     # and the MTP block's own) the MTP layers, trained from scratch in phase 2, differ in up to 8%
-    # of their elements, up to 0.4 lr, and the trunk in about 1% (measured); the losses, gradient
-    # norms and evaluations above agree to 2e-4 at every step. So: most elements equal, none
-    # further than 2 lr per step.
-    share = 0.999 if cp == 1 else 0.9
+    # of their elements, up to 0.4 lr, and the trunk in about 1% (measured); under EP a few
+    # elements of the MTP block (0.3% of one projection in one run, depending on the corpus the
+    # package's files make) take the other sign. The losses, gradient norms and evaluations above
+    # agree to 2e-4 at every step. So: most elements equal, none further than 2 lr per step.
+    share = 0.9 if cp > 1 else 0.99 if ep > 1 else 0.999
     bound = 2 * 3e-3 * sum(r["kind"] == "train" for r in history)
     for name, value in weights.items():
         close = torch.isclose(got_weights[name], value, rtol=1e-4, atol=1e-5)
