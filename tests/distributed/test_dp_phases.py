@@ -42,7 +42,7 @@ STOP_AT = 3
 
 
 class _Stopped(Exception):
-    pass
+    """Raised from ``on_step`` on every rank to stop the first run after its checkpoint."""
 
 
 def _no_aux(phases) -> None:
