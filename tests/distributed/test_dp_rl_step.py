@@ -25,13 +25,14 @@ from opencomposer.training.packing import episode_rows
 TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=0)
 
 
-def config() -> Config:
+def config(pack: int = 0) -> Config:
     cfg = Config()
     cfg.rl.kl.reference = "none"
     cfg.rl.lr = 1e-3
     cfg.rl.grad_clip = 0.05  # small enough to clip: the global norm must be the same on both sides
     cfg.rl.micro_batch_tokens = 160  # several micro-batches, a different count on each rank
     cfg.rl.loss.token_budget = 64
+    cfg.rl.pack_tokens = pack  # sequence packing: two or three sequences a row
     return cfg
 
 
@@ -43,7 +44,7 @@ def make_rows(seed: int, advantages: list[float]):
     return episode_rows(episodes, advantages)
 
 
-def _rank(rank: int, size: int, cp: int, ep: int, port: int, folder: str) -> None:
+def _rank(rank: int, size: int, cp: int, ep: int, pack: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=size)
     try:
@@ -53,7 +54,7 @@ def _rank(rank: int, size: int, cp: int, ep: int, port: int, folder: str) -> Non
         ep_group, replicas = expert_parallel_groups(size, ep, rank)
         world = World(rank, size, cp=cp, cp_group=context_parallel_groups(size, cp, rank), ep=ep,
                       ep_group=ep_group, expert_replicas=replicas)
-        trainer = Trainer(model, TOKENIZER, config(), world=world)
+        trainer = Trainer(model, TOKENIZER, config(pack), world=world)
         if rank:
             trainer.follow()
             return
@@ -86,13 +87,15 @@ def test_split_rows_balances_cost_and_keeps_every_row_once():
     assert row_cost(900) == pytest.approx(900 + 900**2 / 1024)
 
 
-# (world size, cp, ep): data parallel; each row split over 2 ranks (one share of the rows, then two);
-# each MoE layer's experts split over 2 ranks, alone and with two replicas of each shard
-LAYOUTS = [(2, 1, 1), (2, 2, 1), (4, 2, 1), (2, 1, 2), (4, 1, 2)]
+# (world size, cp, ep, pack_tokens): data parallel; each row split over 2 ranks (one share of the
+# rows, then two); each MoE layer's experts split over 2 ranks, alone and with two replicas of each
+# shard; data and context parallel with sequence packing (compared with the unpacked single process)
+LAYOUTS = [(2, 1, 1, 0), (2, 2, 1, 0), (4, 2, 1, 0), (2, 1, 2, 0), (4, 1, 2, 0), (2, 1, 1, 160), (2, 2, 1, 160)]
 
 
-@pytest.mark.parametrize(("size", "cp", "ep"), LAYOUTS, ids=["dp2", "cp2", "dp2xcp2", "ep2", "dp2xep2"])
-def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, size, cp, ep):
+@pytest.mark.parametrize(("size", "cp", "ep", "pack"), LAYOUTS,
+                         ids=["dp2", "cp2", "dp2xcp2", "ep2", "dp2xep2", "dp2-packed", "cp2-packed"])
+def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, size, cp, ep, pack):
     first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
     second = make_rows(2, [0.7, -0.3, -0.4, 0.6, -0.2, -0.4])
     single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
@@ -100,7 +103,7 @@ def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, s
     start_model, start_state = copy.deepcopy(single.model), copy.deepcopy(single.state_dict())
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((start_model, start_state, second), f)
-    torch.multiprocessing.spawn(_rank, args=(size, cp, ep, free_port(), str(tmp_path)), nprocs=size, join=True)
+    torch.multiprocessing.spawn(_rank, args=(size, cp, ep, pack, free_port(), str(tmp_path)), nprocs=size, join=True)
     out = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     loss, metrics = single.train(ScoredStep(rows=copy.deepcopy(second)))
@@ -108,7 +111,9 @@ def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, s
     assert out["loss"] == pytest.approx(loss, rel=1e-5)
     for name in ("tokens", "grad_norm", "neg_logprob", "entropy", "ratio_mean", "mismatch_kl", "ratio_max"):
         assert out["metrics"][name] == pytest.approx(metrics[name], rel=1e-4), name
-    if size // cp > 1:  # each data-parallel share ran fewer micro-batches than the whole step
+    if pack:  # fewer, fuller rows
+        assert out["metrics"]["padding_fraction"] < metrics["padding_fraction"]
+    elif size // cp > 1:  # each data-parallel share ran fewer micro-batches than the whole step
         assert out["metrics"]["micro_batches"] < metrics["micro_batches"]
     else:  # one share: rank 0 ran every micro-batch (on half of each row)
         assert out["metrics"]["micro_batches"] == metrics["micro_batches"]

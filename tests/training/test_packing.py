@@ -8,7 +8,6 @@ import torch
 
 from opencomposer.training.packing import (
     collate,
-    episode_index,
     episode_rows,
     micro_batches,
     segment_arrays,
@@ -57,7 +56,7 @@ def test_every_segment_is_a_row_and_every_model_token_carries_the_episode_advant
     assert float(batch.advantages[~batch.loss_mask].abs().sum()) == 0.0
     torch.testing.assert_close(batch.sampler_logprobs[1, :4], torch.tensor([0.0, -0.1, -0.2, -0.3]), rtol=0, atol=0)
     assert batch.input_ids[1, 4:].tolist() == [0, 0, 0] and not batch.loss_mask[1, 4:].any()  # right padding
-    assert episode_index(rows, 7)[:, 0].tolist() == [0, 0, 1, 1]
+    assert batch.episode_ids[:, 0].tolist() == [0, 0, 1, 1]
 
 
 def test_episodes_without_advantage_and_rows_without_model_tokens_are_left_out():

@@ -226,8 +226,14 @@ class SFTConfig(Section):
     bf16: bool = False
     """Run the forward under bf16 autocast (parameters and Adam state stay float32). On CPUs with
     AMX or AVX-512 BF16 a step of SmolLM2-135M is ~2-3x faster (docs/LOG.md, issue 17)."""
+    pack_tokens: int = 0
+    """Sequence packing: a step's demonstrations share batch rows of at most this many positions,
+    each attending only to itself (``training.packing.pack_rows``), instead of one padded row
+    each; 0 (default) packs nothing. The loss is the same; the padding goes."""
 
     def validate(self) -> None:
+        if not (self.pack_tokens == 0 or self.pack_tokens >= 64):
+            raise ConfigError(f"sft.pack_tokens: expected 0 (off) or at least 64, got {self.pack_tokens}")
         if self.demonstrations not in ("oracle", "explore"):
             raise ConfigError(f"sft.demonstrations: expected \"oracle\" or \"explore\", got {self.demonstrations!r}")
         if self.task_family and self.tasks:

@@ -223,6 +223,13 @@ class RLConfig(Section):
     micro_batch_tokens: int = 16_384
     """Padded positions (rows × longest row) per micro-batch; bounds activation memory. Gradients of
     the micro-batches of a step add up before the one optimizer step."""
+    pack_tokens: int = 0
+    """Sequence packing: segments share batch rows of at most this many positions, each attending
+    only to itself (``training.packing.pack_rows``), instead of one padded row each; 0 (default)
+    packs nothing. Packing removes padding, but a packed micro-batch runs without the shared-prefix
+    forward (which computes the common system prompt once), so on one process it pays where the
+    rows' lengths differ a lot and their common prefix is short; under data parallelism (no shared
+    prefix there) it only saves. At most ``micro_batch_tokens``."""
     router_replay: Literal["off", "replay", "filtered"] = "off"
     """Router replay (report §6.2; R3): the trainer's forward selects the experts the sampler
     routed each position to (``Completion.prompt_routed_experts`` and ``routed_experts``, carried
@@ -304,6 +311,9 @@ class RLConfig(Section):
             )
         if self.micro_batch_tokens < 64:
             raise ConfigError(f"rl.micro_batch_tokens: must be at least 64, got {self.micro_batch_tokens}")
+        if not (self.pack_tokens == 0 or 64 <= self.pack_tokens <= self.micro_batch_tokens):
+            raise ConfigError(f"rl.pack_tokens: expected 0 (off) or 64 to rl.micro_batch_tokens "
+                              f"({self.micro_batch_tokens}), got {self.pack_tokens}")
         if self.rollout_workers < 0:
             raise ConfigError(f"rl.rollout_workers: must be >= 0 (0 = the whole step), got {self.rollout_workers}")
         if self.max_staleness < 0:

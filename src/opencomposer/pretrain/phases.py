@@ -10,10 +10,11 @@ one model and one AdamW (its moments carry over; each phase sets its own learnin
 (``model.corpus``; ``pretrain.dedup``, ``pretrain.heldout_by``). Rows are packed from whole
 documents, each opened by ``<|endoftext|>``, with **no attention across documents**: the position
 ids restart at 0 at every document start (and at every row start, for a document continued from
-the previous row), which transformers' attention turns into a block-diagonal causal mask (its
-packed-sequence path, taken when the forward has position ids, no attention mask and no cache;
-``tests/pretrain/test_phases.py`` checks that a packed document's logits equal those of the
-document alone). Every target is predictable from its own document: the separator opening a
+the previous row), and the training forward attends inside each document at the cost of its own
+length (``training.attention.packed_attention``; the other forwards take transformers' own
+packed-sequence path, a block-diagonal causal mask built when the forward has position ids, no
+attention mask and no cache; ``tests/pretrain/test_phases.py`` checks that a packed document's
+logits equal those of the document alone). Every target is predictable from its own document: the separator opening a
 document predicts its first token, a document's last token predicts the next separator (the end
 of the file). Each row is drawn from one source, chosen by the phase's weights with a seeded
 generator; the tokens trained per source are reported in ``mix.json``.
@@ -99,6 +100,7 @@ from opencomposer.distributed.fsdp import (
 from opencomposer.distributed.runtime import World
 from opencomposer.io import atomic_directory, atomic_write_text, discard
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
+from opencomposer.training.attention import packed_attention
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar
@@ -262,7 +264,8 @@ def packed_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.T
     """The forward on packed rows: inputs ``ids[:, :-1]`` at their position ids, no cache (the
     document mask needs it off; module doc)."""
     extra = {"output_router_logits": True} if router_logits else {}
-    return model(input_ids=ids[:, :-1], position_ids=positions[:, :-1], use_cache=False, **extra)
+    with packed_attention(model, positions[:, :-1]):
+        return model(input_ids=ids[:, :-1], position_ids=positions[:, :-1], use_cache=False, **extra)
 
 
 def token_losses(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -308,8 +311,9 @@ class StepData:
 
                     self._forward = cp_forward(model, ids, positions, self.world.cp_group, hidden=self.hidden, **extra)
                 else:
-                    self._forward = model(input_ids=ids, position_ids=positions, use_cache=False,
-                                          output_hidden_states=self.hidden, **extra)
+                    with packed_attention(model, positions):
+                        self._forward = model(input_ids=ids, position_ids=positions, use_cache=False,
+                                              output_hidden_states=self.hidden, **extra)
             self._forward_grad = grad
         return self._forward
 

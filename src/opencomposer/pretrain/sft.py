@@ -27,8 +27,10 @@ each scores its chunks of them, ``distributed.context``), and divides its cross-
 whole batch's model tokens (× N, since FSDP averages gradients), so the step is the single
 process's. Rank 0 logs and writes the checkpoint, gathered whole, in the same layout.
 
-Not here: chat-transcript SFT data sets (no data set is downloaded), packing several episodes
-into one row.
+``sft.pack_tokens`` packs a step's demonstrations several to a row (``training.packing.pack_rows``,
+each attending only to itself), after the split over the ranks.
+
+Not here: chat-transcript SFT data sets (no data set is downloaded).
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def sft(
     writes it to ``log`` when given. ``world``: this rank's place in a data- (and context-)
     parallel group (module doc); ``model`` is then sharded in place."""
     from opencomposer.training.forward import batch_to
-    from opencomposer.training.packing import collate, episode_rows
+    from opencomposer.training.packing import collate, episode_rows, pack_rows
 
     rows = episode_rows(episodes)
     if not rows:
@@ -186,6 +188,8 @@ def sft(
             tokens = sum(row.model_tokens for row in chosen)  # the whole batch's, on every rank
             if world.distributed:
                 chosen = split_rows(chosen, world.dp_size)[world.dp_rank]
+            if config.pack_tokens:  # after the split: it balances whole sequences
+                chosen = pack_rows(chosen, config.pack_tokens)
             batch = batch_to(collate(chosen, int(pad)), device)
             lr = warmup_cosine_lr(step, peak_lr=config.lr, warmup_steps=config.warmup_steps,
                                   total_steps=config.steps, min_lr_ratio=SFT_MIN_LR_RATIO)

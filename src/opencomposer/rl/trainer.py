@@ -30,6 +30,11 @@ shares' gradients the single-process gradient.
 **Context parallel** (``parallel.cp = c``): the shares are split over the ``world_size / c``
 data-parallel positions; the ``c`` ranks of one position take the same rows, padded to a multiple
 of ``2·c`` positions, and each scores its chunks of every row (``step.train_step``).
+
+**Sequence packing** (``rl.pack_tokens``): each share's sequences are packed several to a batch row
+(``training.packing.pack_rows``) after the split, so the balance works on whole sequences and the
+packing removes the padding of each rank's micro-batches; the reference forward packs the same
+way. The step reports ``padding_fraction`` and, over data-parallel ranks, ``dp_cost_imbalance``.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import torch
 
 from opencomposer.agent.context import chain_metrics
 from opencomposer.config import Config, ConfigError
-from opencomposer.distributed.balance import split_rows
+from opencomposer.distributed.balance import row_cost, split_rows
 from opencomposer.distributed.context import pad_batch_for_cp
 from opencomposer.distributed.fsdp import (
     full_model_state,
@@ -61,7 +66,17 @@ from opencomposer.rl.step import train_step
 from opencomposer.sandbox.patch import diff_stats
 from opencomposer.training.forward import reference_logprobs
 from opencomposer.training.optim import build_optimizer
-from opencomposer.training.packing import SequenceRow, collate, episode_index, episode_rows, micro_batches
+from opencomposer.training.packing import (
+    Row,
+    SequenceRow,
+    collate,
+    episode_rows,
+    micro_batches,
+    pack_rows,
+    padded_positions,
+    row_parts,
+    unpack,
+)
 from opencomposer.training.schedule import warmup_cosine_lr
 from opencomposer.types import Episode, EpisodeStatus, Group
 
@@ -154,12 +169,13 @@ class Trainer:
         return ScoredStep(rows=kept, metrics=metrics)
 
     def _reference_pass(self, rows: list[SequenceRow]) -> None:
-        for chunk in micro_batches(rows, self.rl.micro_batch_tokens):
+        for chunk in micro_batches(self._packed(rows), self.rl.micro_batch_tokens):
             batch = collate(chunk, self.pad_id)
             logprobs = reference_logprobs(self.reference, batch, bf16=self.rl.bf16, temperature=self.temperature,
                                           top_p=self.top_p, top_k=self.top_k)
-            for r, row in enumerate(chunk):
-                row.ref_logprobs = logprobs[r, : len(row)].numpy()
+            parts = [part for row in chunk for part in row_parts(row)]
+            for part, values in zip(parts, unpack(logprobs, chunk), strict=True):
+                part.ref_logprobs = values
 
     def _kl_penalties(self, rows: list[SequenceRow], num_episodes: int) -> np.ndarray:
         """coef·Σ_t k(t) per episode (placement "reward"), else zeros."""
@@ -167,11 +183,11 @@ class Trainer:
         totals = torch.zeros(num_episodes, dtype=torch.float64)
         if self.reference is None or kl.placement != "reward" or kl.coef == 0 or not rows:
             return totals.numpy()
-        for chunk in micro_batches(rows, self.rl.micro_batch_tokens):
+        for chunk in micro_batches(self._packed(rows), self.rl.micro_batch_tokens):
             batch = collate(chunk, self.pad_id)
             totals += sequence_kl_penalty(
                 batch.sampler_logprobs.double(), batch.ref_logprobs.double(), batch.loss_mask,
-                episode_index(chunk, batch.input_ids.shape[1]), num_episodes, kl.coef, kl.estimator,
+                batch.episode_ids.clamp(min=0), num_episodes, kl.coef, kl.estimator,
             )
         return totals.numpy()
 
@@ -228,7 +244,32 @@ class Trainer:
         self.updates += 1
         metrics["skipped"] = 0.0
         metrics["lr"] = lr
+        metrics.update(self._layout_metrics(scored.rows))
         return loss, metrics
+
+    def _packed(self, rows: list[SequenceRow]) -> list[Row]:
+        """``rows`` as batch rows: packed several to a row with ``rl.pack_tokens``, else as they are."""
+        return pack_rows(rows, self.rl.pack_tokens) if self.rl.pack_tokens else list(rows)
+
+    def _shares(self, rows: list[SequenceRow]) -> list[list[Row]]:
+        """Each data-parallel position's batch rows: the step's sequences split by attention cost
+        (``distributed.balance``; whole sequences, the finest unit that keeps a sequence on one
+        rank), then packed (``rl.pack_tokens``) within each share."""
+        shares = split_rows(rows, self.world.dp_size) if self.world.distributed else [rows]
+        return [self._packed(share) for share in shares]
+
+    def _layout_metrics(self, rows: list[SequenceRow]) -> dict[str, float]:
+        """How the step's rows were laid out: ``padding_fraction`` (padded positions of all the
+        micro-batches, every rank) and, over data-parallel ranks, ``dp_cost_imbalance`` (the
+        busiest rank's ``distributed.balance.row_cost`` over the mean; 1 is perfect)."""
+        shares = self._shares(rows)
+        real, padded = (sum(n) for n in zip(*(padded_positions(s, self.rl.micro_batch_tokens) for s in shares),
+                                              strict=True))
+        metrics = {"padding_fraction": 1.0 - real / max(padded, 1)}
+        if len(shares) > 1:
+            costs = [sum(row_cost(len(part)) for row in share for part in row_parts(row)) for share in shares]
+            metrics["dp_cost_imbalance"] = max(costs) / max(sum(costs) / len(costs), 1e-9)
+        return metrics
 
     def _train_rows(self, rows: list[SequenceRow], version: int | None, lr: float) -> tuple[float, dict[str, float]]:
         """``train_step`` on this rank's share of ``rows`` (all of them in a single process)."""
@@ -238,8 +279,8 @@ class Trainer:
         if world.distributed:
             counts = {"step_tokens": float(sum(row.model_tokens for row in rows)),
                       "step_sequences": float(len({row.episode for row in rows if row.model_tokens}))}
-            rows = split_rows(rows, world.dp_size)[world.dp_rank]  # the same share on a CP group's ranks
-        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(rows, self.rl.micro_batch_tokens)]
+        share = self._shares(rows)[world.dp_rank]  # the same share on a CP group's ranks
+        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(share, self.rl.micro_batch_tokens)]
         if world.cp > 1:  # whole rows, padded so that each splits into 2·cp equal chunks
             batches = [pad_batch_for_cp(batch, world.cp, self.pad_id) for batch in batches]
         return train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,

@@ -18,6 +18,10 @@ targets carry no loss). ``tests/training/test_forward.py`` checks values and gra
 plain full-sequence forward. Works with any transformers causal LM that accepts ``cache=`` and
 ``logits_to_keep=`` (Qwen3-MoE, DeepSeek-V3, Llama-family models).
 
+A batch of packed rows (``training.packing.pack_rows``: ``segment_ids`` not all zero) runs in one
+call without a cache, with attention inside each segment at the cost of its own length
+(``training.attention.packed_attention``).
+
 **Router replay** (report §6.2): given a ``model.routing.RouterReplay``, both calls select the
 experts the sampler recorded (``TrainBatch.routes``, aligned with the inputs): the prefix call
 those of the first row's prefix, the rows' call those of their remaining positions. The prefix is
@@ -35,6 +39,7 @@ import torch
 
 from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
 from opencomposer.model.routing import RouterReplay
+from opencomposer.training.attention import packed_attention
 from opencomposer.types import TrainBatch
 
 MIN_SHARED_PREFIX = 16  # below this, one extra forward call costs more than it saves
@@ -92,6 +97,13 @@ def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX,
     return length if length >= min_prefix else 0
 
 
+def scored_positions(batch: TrainBatch) -> torch.Tensor:
+    """The positions (1-D, ascending) whose target carries loss in some row; the last position
+    when none does (a forward must keep at least one)."""
+    positions = batch.loss_mask.bool().any(0).nonzero().flatten()
+    return positions if positions.numel() else torch.tensor([batch.loss_mask.shape[1] - 1])
+
+
 def autocast(device: torch.device, bf16: bool):
     """bf16 autocast on ``device`` when asked, else nothing (parameters stay in their dtype)."""
     if not bf16:
@@ -128,7 +140,11 @@ def token_logprobs(
     target_ids = batch.target_ids.to(device)
     rows, seq = input_ids.shape
     start = min(first_loss_position(batch), seq - 1)  # logits are needed from here on
-    prefix = shared_prefix_length(batch, by_routes=replay is not None) if share_prefix else 0
+    # packed rows (training.packing) share no prefix beyond their first segment, and their
+    # block-diagonal mask comes from the position ids only in a forward without a cache
+    packed = bool(batch.segment_ids.any())
+    prefix = shared_prefix_length(batch, by_routes=replay is not None) if share_prefix and not packed else 0
+    keep = None
 
     def routed(window: tuple[slice, slice]):
         return contextlib.nullcontext() if replay is None else replay.routes(batch.routes[window].to(device))
@@ -144,9 +160,19 @@ def token_logprobs(
                 out = model(input_ids=input_ids[:, prefix:], position_ids=position_ids[:, prefix:], cache=cache,
                             use_cache=True, logits_to_keep=seq - start)
         else:
-            with routed((slice(None), slice(None))):
-                out = model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=seq - start)
+            # a packed row holds prompts and tool outputs after its first loss position: the
+            # vocabulary projection runs on the positions that some row scores, not on a window
+            keep = scored_positions(batch).to(device) if packed else None
+            documents = packed_attention(model, position_ids) if packed else contextlib.nullcontext()
+            with routed((slice(None), slice(None))), documents:
+                out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                            logits_to_keep=seq - start if keep is None else keep)
     logits = out.logits if temperature == 1.0 else out.logits / temperature
+    if keep is not None:  # [rows, kept]
+        logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, keep], top_p, top_k)
+        full_logprobs = logprobs.new_zeros(rows, seq).index_copy(1, keep, logprobs)
+        full_entropy = entropy.new_zeros(rows, seq).index_copy(1, keep, entropy) if with_entropy else None
+        return full_logprobs, full_entropy
     logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, start:], top_p, top_k)  # [rows, seq - start]
     full_logprobs = torch.nn.functional.pad(logprobs, (start, 0))
     full_entropy = torch.nn.functional.pad(entropy, (start, 0)) if with_entropy else None

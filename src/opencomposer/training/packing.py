@@ -14,10 +14,21 @@ each token's staleness against the version it trains. For MoE policies the sampl
 travel too, aligned with the *inputs* (``routes``: the experts the token at each input position was
 routed to, -1 where no engine call ran it), for the trainer to replay (``model.routing``).
 
-Rows are packed one per batch row, right-padded, sorted by length and cut into micro-batches of
-at most ``max_tokens`` padded positions; right padding needs no attention mask (causal attention
-never looks forward, and padded targets carry no loss). The forward pass (``training.forward``) then
-computes the prefix that all rows of a micro-batch share (the system prompt and tool list) once.
+By default each segment is one batch row, right-padded; rows are sorted by length and cut into
+micro-batches of at most ``max_tokens`` padded positions; right padding needs no attention mask
+(causal attention never looks forward, and padded targets carry no loss). The forward pass
+(``training.forward``) then computes the prefix that all rows of a micro-batch share (the system
+prompt and tool list) once.
+
+**Sequence packing** (``pack_rows``; ``rl.pack_tokens``, ``sft.pack_tokens``): several segments
+share one batch row, first-fit by decreasing length into rows of at most ``pack_tokens``
+positions, so a step of mixed lengths pads far less. Each segment keeps its own position ids
+(restarting at 0), which the forward turns into a block-diagonal causal mask: no position attends
+to another segment (transformers' packed-sequence path; ``distributed.context.document_ids`` under
+context parallelism), so every token's log-probability is the one it has in a row of its own
+(``tests/training/test_sequence_packing.py``). ``segment_ids`` numbers the segments of a row;
+``episode_ids``, advantages and the per-token arrays stay per segment. A packed micro-batch runs
+without the shared-prefix forward (its rows share no prefix beyond their first segment).
 
 This module builds tensors only; it runs no model.
 """
@@ -114,7 +125,59 @@ def episode_rows(episodes: list[Episode], advantages: list[float | None] | None 
     return rows
 
 
-def micro_batches(rows: list[SequenceRow], max_tokens: int) -> list[list[SequenceRow]]:
+@dataclass
+class PackedRow:
+    """Several ``SequenceRow``s in one batch row, in order (``pack_rows``)."""
+
+    parts: list[SequenceRow]
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(part.model_tokens for part in self.parts)
+
+
+Row = SequenceRow | PackedRow
+
+
+def row_parts(row: Row) -> list[SequenceRow]:
+    """The segments of a batch row: its parts when packed, else the row itself."""
+    return row.parts if isinstance(row, PackedRow) else [row]
+
+
+def pack_rows(rows: list[SequenceRow], max_tokens: int) -> list[PackedRow]:
+    """``rows`` packed into rows of at most ``max_tokens`` positions: first fit, longest first (a
+    row longer than ``max_tokens`` gets a row of its own). Every row lands in exactly one packed
+    row; parts keep the order they arrived in. Deterministic."""
+    if max_tokens < 1:
+        raise ValueError(f"pack_rows: max_tokens must be >= 1, got {max_tokens}")
+    order = sorted(range(len(rows)), key=lambda i: (-len(rows[i]), i))
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        n = len(rows[i])
+        for b, room in enumerate(free):
+            if n <= room:
+                bins[b].append(i)
+                free[b] -= n
+                break
+        else:
+            bins.append([i])
+            free.append(max_tokens - n)
+    return [PackedRow([rows[i] for i in sorted(members)]) for members in bins]
+
+
+def padded_positions(rows: list[Row], max_tokens: int) -> tuple[int, int]:
+    """``(positions holding a token, positions after padding)`` of ``rows`` cut into micro-batches
+    of ``max_tokens`` (``micro_batches``): what packing saves."""
+    real = sum(len(row) for row in rows)
+    padded = sum(len(chunk) * max(len(row) for row in chunk) for chunk in micro_batches(rows, max_tokens))
+    return real, padded
+
+
+def micro_batches(rows: list[Row], max_tokens: int) -> list[list[Row]]:
     """Rows sorted by length (longest first) and cut so that rows × longest ≤ ``max_tokens``
     (a row longer than the budget gets a micro-batch of its own). Deterministic."""
     order = sorted(range(len(rows)), key=lambda i: (-len(rows[i]), i))
@@ -132,10 +195,12 @@ def micro_batches(rows: list[SequenceRow], max_tokens: int) -> list[list[Sequenc
     return batches
 
 
-def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> TrainBatch:
+def collate(rows: list[Row], pad_id: int, num_episodes: int = 0) -> TrainBatch:
     """Right-pad ``rows`` into one ``TrainBatch`` ``[rows, longest]``.
 
-    One sequence per row, so ``segment_ids`` is all zeros (padding is excluded by ``loss_mask``);
+    ``segment_ids`` numbers the segments of a packed row (``PackedRow``; all zeros without packing),
+    and their position ids restart at 0 where each begins; padding continues the last segment's
+    position ids and is excluded by ``loss_mask``;
     ``episode_ids`` and ``episode_tokens`` say which episode each token belongs to and how many
     model tokens that episode has over all its segments (rows of one chain may sit in different
     micro-batches);
@@ -155,28 +220,35 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
     segment_ids = torch.zeros(shape, dtype=torch.long)
     episode_ids = torch.full(shape, -1, dtype=torch.long)
     episode_tokens = torch.zeros(shape, dtype=torch.float32)
-    with_ref = all(row.ref_logprobs is not None for row in rows)
+    parts = [part for row in rows for part in row_parts(row)]
+    with_ref = all(part.ref_logprobs is not None for part in parts)
     ref = torch.zeros(shape, dtype=torch.float32) if with_ref else None
-    with_versions = all(row.versions is not None for row in rows)
+    with_versions = all(part.versions is not None for part in parts)
     versions = torch.full(shape, -1, dtype=torch.long) if with_versions else None
     routes = _route_tensor(rows, width)
-    for r, row in enumerate(rows):
-        n = len(row)
-        input_ids[r, :n] = torch.from_numpy(row.input_ids)
-        target_ids[r, :n] = torch.from_numpy(row.target_ids)
-        mask = torch.from_numpy(row.loss_mask)
-        loss_mask[r, :n] = mask
-        advantages[r, :n] = mask * row.advantage
-        sampler[r, :n] = torch.from_numpy(row.sampler_logprobs)
-        episode_ids[r, :n] = row.episode
-        episode_tokens[r, :n] = float(row.episode_tokens or row.model_tokens)
-        if ref is not None:
-            ref[r, :n] = torch.from_numpy(row.ref_logprobs)
-        if versions is not None:
-            versions[r, :n] = torch.from_numpy(row.versions)
-        if routes is not None and row.routes is not None:
-            routes[r, :n] = torch.from_numpy(row.routes)
     position_ids = torch.arange(width).expand(shape).clone()
+    for r, packed in enumerate(rows):
+        start = 0
+        for s, row in enumerate(row_parts(packed)):
+            n = len(row)
+            span = slice(start, start + n)
+            input_ids[r, span] = torch.from_numpy(row.input_ids)
+            target_ids[r, span] = torch.from_numpy(row.target_ids)
+            mask = torch.from_numpy(row.loss_mask)
+            loss_mask[r, span] = mask
+            advantages[r, span] = mask * row.advantage
+            sampler[r, span] = torch.from_numpy(row.sampler_logprobs)
+            episode_ids[r, span] = row.episode
+            episode_tokens[r, span] = float(row.episode_tokens or row.model_tokens)
+            segment_ids[r, span] = s
+            position_ids[r, start:] = torch.arange(width - start)  # padding continues the last segment
+            if ref is not None:
+                ref[r, span] = torch.from_numpy(row.ref_logprobs)
+            if versions is not None:
+                versions[r, span] = torch.from_numpy(row.versions)
+            if routes is not None and row.routes is not None:
+                routes[r, span] = torch.from_numpy(row.routes)
+            start += n
     return TrainBatch(
         input_ids=input_ids,
         target_ids=target_ids,
@@ -188,14 +260,27 @@ def collate(rows: list[SequenceRow], pad_id: int, num_episodes: int = 0) -> Trai
         ref_logprobs=ref,
         versions=versions,
         routes=routes,
-        num_episodes=num_episodes or len({row.episode for row in rows}),
+        num_episodes=num_episodes or len({part.episode for part in parts}),
         episode_ids=episode_ids,
         episode_tokens=episode_tokens,
     )
 
 
-def _route_tensor(rows: list[SequenceRow], width: int) -> torch.Tensor | None:
+def unpack(values: torch.Tensor, rows: list[Row]) -> list[np.ndarray]:
+    """Per segment (in ``row_parts`` order, row after row), its positions of ``values``
+    ``[rows, width]``: the inverse of ``collate`` for a per-position result."""
+    out = []
+    for r, packed in enumerate(rows):
+        start = 0
+        for row in row_parts(packed):
+            out.append(values[r, start : start + len(row)].numpy())
+            start += len(row)
+    return out
+
+
+def _route_tensor(rows: list[Row], width: int) -> torch.Tensor | None:
     """``[rows, width, moe_layers, top_k]`` int32 filled with -1, when any row has routes."""
+    rows = [part for row in rows for part in row_parts(row)]
     shapes = {row.routes.shape[1:] for row in rows if row.routes is not None}
     if not shapes:
         return None
@@ -205,8 +290,3 @@ def _route_tensor(rows: list[SequenceRow], width: int) -> torch.Tensor | None:
         if row.routes is not None and len(row.routes) != len(row):
             raise ValueError(f"collate: row {i} has {len(row)} inputs but routes for {len(row.routes)}")
     return torch.full((len(rows), width, *shapes.pop()), -1, dtype=torch.int32)
-
-
-def episode_index(rows: list[SequenceRow], width: int) -> torch.Tensor:
-    """``[rows, width]`` long tensor: the episode each position belongs to (for per-episode sums)."""
-    return torch.tensor([row.episode for row in rows], dtype=torch.long)[:, None].expand(len(rows), width)
