@@ -147,3 +147,27 @@ def test_the_shared_prefix_stops_where_the_rows_routes_differ(small):
     batch = dataclasses.replace(batch, routes=routes)
     assert shared_prefix_length(batch) == 40
     assert shared_prefix_length(batch, by_routes=True) == 30
+
+
+def test_replay_on_packed_rows_equals_replay_on_padded_rows(small):
+    """Routes travel with their segment into a packed row (``training.packing.pack_rows``): each
+    token is computed with its own replayed experts, as in a row of its own."""
+    from opencomposer.training.packing import pack_rows, unpack
+
+    rows = rows_with_common_prefix(40, [12, 9, 15, 20], first_model=2, seed=8)
+    padded = collate(rows, pad_id=0)
+    routes = random_routes(small, padded, seed=9)
+    for r, row in enumerate(rows):
+        row.routes = routes[r, : len(row)].numpy()
+    replay = RouterReplay(small, "replay")
+    plain, plain_grads = _logprobs_and_grads(small, collate(rows, pad_id=0), replay, share=False)
+    packed_rows = pack_rows(rows, 2 * len(rows[0]) + 10)
+    assert any(len(row.parts) > 1 for row in packed_rows)
+    packed, packed_grads = _logprobs_and_grads(small, collate(packed_rows, pad_id=0), replay, share=True)
+    parts = [part for row in packed_rows for part in row.parts]
+    for part, values in zip(parts, unpack(packed, packed_rows), strict=True):
+        expected = plain[part.episode, : len(part)].numpy()
+        np.testing.assert_allclose(values[part.loss_mask], expected[part.loss_mask], rtol=0, atol=2e-5)
+    for name, grad in plain_grads.items():
+        scale = float(grad.abs().max()) + 1e-12
+        assert float((packed_grads[name] - grad).abs().max()) / scale < 1e-4, name

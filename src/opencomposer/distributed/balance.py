@@ -4,8 +4,11 @@ A row of ``n`` positions costs about ``n`` (the MLPs, the vocabulary projection)
 by the attention share (causal attention is quadratic). ``split_rows`` assigns rows greedily,
 costliest first, to the rank with the least work so far (the classic longest-processing-time
 rule, within 4/3 of the best split), deterministically, so every rank computes the same split
-from the same rows. Rows stay whole: a sequence never spans two ranks (context parallelism,
-``parallel.cp``, would split one; not implemented).
+from the same rows. Rows stay whole: a sequence never spans two data-parallel positions (the
+ranks of a context-parallel group, ``parallel.cp``, share one position and split its rows'
+positions instead). The trainers split whole sequences here and pack each share afterwards
+(``rl.pack_tokens``, ``sft.pack_tokens``): a sequence is a finer unit than a packed row, so the
+shares come out closer to equal.
 """
 
 from __future__ import annotations

@@ -280,6 +280,7 @@ def unpack(values: torch.Tensor, rows: list[Row]) -> list[np.ndarray]:
 
 def _route_tensor(rows: list[Row], width: int) -> torch.Tensor | None:
     """``[rows, width, moe_layers, top_k]`` int32 filled with -1, when any row has routes."""
+    count = len(rows)
     rows = [part for row in rows for part in row_parts(row)]
     shapes = {row.routes.shape[1:] for row in rows if row.routes is not None}
     if not shapes:
@@ -289,4 +290,4 @@ def _route_tensor(rows: list[Row], width: int) -> torch.Tensor | None:
     for i, row in enumerate(rows):
         if row.routes is not None and len(row.routes) != len(row):
             raise ValueError(f"collate: row {i} has {len(row)} inputs but routes for {len(row.routes)}")
-    return torch.full((len(rows), width, *shapes.pop()), -1, dtype=torch.int32)
+    return torch.full((count, width, *shapes.pop()), -1, dtype=torch.int32)
