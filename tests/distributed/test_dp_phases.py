@@ -164,4 +164,7 @@ def test_mtp_alone_is_refused_under_fsdp_before_training():
     plan = plan_phases(load_recipe(None, [phases(2)]).pretrain.phases)
     with pytest.raises(ConfigError, match="draft.*mtp.*alone.*FSDP"):
         _check_world(plan, World(0, 2))
+    with pytest.raises(ConfigError, match="draft.*mtp.*alone.*FSDP"):  # FSDP of the non-expert weights
+        _check_world(plan, World(0, 2, ep=2, ep_group=object(), ep_fsdp=True))
+    _check_world(plan, World(0, 2, ep=2, ep_group=object()))  # expert parallelism alone: fine
     _check_world(plan, World(0, 1))  # one process: fine

@@ -1,8 +1,8 @@
 """Data-, context- and expert-parallel pretraining equal the single process: two ``pretrain`` steps
 at world size 2 (gloo, two CPU processes), with the rows split over the ranks (FSDP2), each row's
 positions split over them (``parallel.cp = 2``) or each MoE layer's experts split over them
-(``parallel.ep = 2``, in place of FSDP), give the same losses, gradient norms and weights as world
-size 1.
+(``parallel.ep = 2``, in place of FSDP or with FSDP of the other weights, ``parallel.ep_fsdp``), give
+the same losses, gradient norms and weights as world size 1.
 The model's load-balancing loss is switched off: it is computed per rank (module doc of
 ``pretrain.cpt``), the one term that is not the single-process one by design."""
 
@@ -23,7 +23,7 @@ PRETRAIN = PretrainConfig(batch_size=3, seq_len=32, max_steps=2, lr=3e-3, warmup
                           log_every=1, grad_clip=0.5)
 
 
-def _rank(rank: int, cp: int, ep: int, port: int, folder: str) -> None:
+def _rank(rank: int, cp: int, ep: int, ep_fsdp: bool, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -31,7 +31,8 @@ def _rank(rank: int, cp: int, ep: int, port: int, folder: str) -> None:
         with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
             model, tokenizer, files = pickle.load(f)
         ep_group, _ = expert_parallel_groups(2, ep, rank)
-        world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank), ep=ep, ep_group=ep_group)
+        world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank), ep=ep, ep_group=ep_group,
+                      ep_fsdp=ep_fsdp)
         result = pretrain(model, tokenizer, files, [], PRETRAIN, progress=False, world=world)
         from opencomposer.distributed.fsdp import full_model_state
 
@@ -43,8 +44,9 @@ def _rank(rank: int, cp: int, ep: int, port: int, folder: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize(("cp", "ep"), [(1, 1), (2, 1), (1, 2)], ids=["data", "context", "expert"])
-def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_corpus, tmp_path, cp, ep):
+@pytest.mark.parametrize(("cp", "ep", "ep_fsdp"), [(1, 1, False), (2, 1, False), (1, 2, False), (1, 2, True)],
+                         ids=["data", "context", "expert", "expert-fsdp"])
+def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_corpus, tmp_path, cp, ep, ep_fsdp):
     from opencomposer.model.loading import load_model
     from tests.training.test_forward import SMALL
 
@@ -53,7 +55,7 @@ def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_
     files = code_corpus.train[:20]
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((copy.deepcopy(model), tiny_tokenizer, files), f)
-    torch.multiprocessing.spawn(_rank, args=(cp, ep, free_port(), str(tmp_path)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_rank, args=(cp, ep, ep_fsdp, free_port(), str(tmp_path)), nprocs=2, join=True)
     history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     single = pretrain(model, tiny_tokenizer, files, [], PRETRAIN, progress=False)

@@ -44,7 +44,7 @@ def make_rows(seed: int, advantages: list[float]):
     return episode_rows(episodes, advantages)
 
 
-def _rank(rank: int, size: int, cp: int, ep: int, pack: int, port: int, folder: str) -> None:
+def _rank(rank: int, size: int, cp: int, ep: int, pack: int, ep_fsdp: bool, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=size)
     try:
@@ -53,14 +53,21 @@ def _rank(rank: int, size: int, cp: int, ep: int, pack: int, port: int, folder: 
             model, state, rows = pickle.load(f)
         ep_group, replicas = expert_parallel_groups(size, ep, rank)
         world = World(rank, size, cp=cp, cp_group=context_parallel_groups(size, cp, rank), ep=ep,
-                      ep_group=ep_group, expert_replicas=replicas)
+                      ep_group=ep_group, expert_replicas=replicas, ep_fsdp=ep_fsdp)
         trainer = Trainer(model, TOKENIZER, config(pack), world=world)
         if rank:
             trainer.follow()
             return
         trainer.load_state_dict(state)
         loss, metrics = trainer.train(ScoredStep(rows=rows))
-        out = {"loss": loss, "metrics": metrics, "state": trainer.state_dict(),
+        from torch.distributed.tensor import DTensor
+
+        from opencomposer.distributed.expert import expert_parameters
+
+        experts = {id(p) for _, p in expert_parameters(trainer.model)}
+        sharded = [isinstance(p, DTensor) for p in trainer.model.parameters() if id(p) not in experts]
+        out = {"loss": loss, "metrics": metrics, "state": trainer.state_dict(), "fsdp_sharded": sharded,
+               "experts_fsdp": any(isinstance(p, DTensor) for p in trainer.model.parameters() if id(p) in experts),
                "weights": {k: v.clone() for k, v in trainer.full_model().state_dict().items()}}
         trainer.stop()
         with open(os.path.join(folder, "out.pkl"), "wb") as f:
@@ -87,15 +94,17 @@ def test_split_rows_balances_cost_and_keeps_every_row_once():
     assert row_cost(900) == pytest.approx(900 + 900**2 / 1024)
 
 
-# (world size, cp, ep, pack_tokens): data parallel; each row split over 2 ranks (one share of the
-# rows, then two); each MoE layer's experts split over 2 ranks, alone and with two replicas of each
-# shard; data and context parallel with sequence packing (compared with the unpacked single process)
-LAYOUTS = [(2, 1, 1, 0), (2, 2, 1, 0), (4, 2, 1, 0), (2, 1, 2, 0), (4, 1, 2, 0), (2, 1, 1, 160), (2, 2, 1, 160)]
+# (world size, cp, ep, pack_tokens, ep_fsdp): data parallel; each row split over 2 ranks (one share
+# of the rows, then two); each MoE layer's experts split over 2 ranks, alone and with two replicas
+# of each shard, then with FSDP2 sharding every other weight (parallel.ep_fsdp); data and context
+# parallel with sequence packing (compared with the unpacked single process)
+LAYOUTS = [(2, 1, 1, 0, False), (2, 2, 1, 0, False), (4, 2, 1, 0, False), (2, 1, 2, 0, False), (4, 1, 2, 0, False),
+           (2, 1, 2, 0, True), (4, 1, 2, 0, True), (2, 1, 1, 160, False), (2, 2, 1, 160, False)]
+IDS = ["dp2", "cp2", "dp2xcp2", "ep2", "dp2xep2", "ep2-fsdp", "dp2xep2-fsdp", "dp2-packed", "cp2-packed"]
 
 
-@pytest.mark.parametrize(("size", "cp", "ep", "pack"), LAYOUTS,
-                         ids=["dp2", "cp2", "dp2xcp2", "ep2", "dp2xep2", "dp2-packed", "cp2-packed"])
-def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, size, cp, ep, pack):
+@pytest.mark.parametrize(("size", "cp", "ep", "pack", "ep_fsdp"), LAYOUTS, ids=IDS)
+def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, size, cp, ep, pack, ep_fsdp):
     first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
     second = make_rows(2, [0.7, -0.3, -0.4, 0.6, -0.2, -0.4])
     single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
@@ -103,9 +112,14 @@ def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, s
     start_model, start_state = copy.deepcopy(single.model), copy.deepcopy(single.state_dict())
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((start_model, start_state, second), f)
-    torch.multiprocessing.spawn(_rank, args=(size, cp, ep, pack, free_port(), str(tmp_path)), nprocs=size, join=True)
+    torch.multiprocessing.spawn(_rank, args=(size, cp, ep, pack, ep_fsdp, free_port(), str(tmp_path)), nprocs=size,
+                                join=True)
     out = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
+    # FSDP shards every weight but the experts' (all of them without expert parallelism), which
+    # expert parallelism keeps in its own blocks; ep alone leaves the other weights whole
+    assert all(out["fsdp_sharded"]) if (ep == 1 or ep_fsdp) else not any(out["fsdp_sharded"])
+    assert not out["experts_fsdp"]
     loss, metrics = single.train(ScoredStep(rows=copy.deepcopy(second)))
     assert metrics["grad_norm"] > config().rl.grad_clip  # clipping was active
     assert out["loss"] == pytest.approx(loss, rel=1e-5)

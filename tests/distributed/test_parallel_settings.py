@@ -33,3 +33,12 @@ def test_the_collective_timeout_is_checked():
     assert TrainerConfig().timeout_s == 3600.0
     with pytest.raises(ConfigError, match="trainer.timeout_s"):
         TrainerConfig(timeout_s=0)
+
+
+def test_ep_fsdp_needs_expert_parallelism():
+    from opencomposer.config import ParallelConfig
+
+    with pytest.raises(ConfigError, match="parallel.ep_fsdp = true .* set parallel.ep > 1"):
+        ParallelConfig(ep_fsdp=True)
+    assert ParallelConfig(ep=2, ep_fsdp=True).ep_fsdp
+

@@ -6,8 +6,9 @@ and the rendezvous port of a spawned group. ``[parallel]`` names the axes beyond
 context parallelism (``cp``, one sequence's tokens split over ranks) and expert parallelism (``ep``,
 a MoE layer's experts split over ranks). ``cp > 1`` runs in ``opencomposer rl`` (synchronous and
 async), ``sft`` and ``pretrain`` (single phase and phases). ``ep > 1`` runs in the same commands,
-in place of FSDP: each MoE layer's experts split over the group, every other weight replicated
-(docs/distributed.md, "Expert parallelism in the commands").
+in place of FSDP: each MoE layer's experts split over the group, every other weight replicated,
+or sharded by FSDP2 as well with ``ep_fsdp`` (docs/distributed.md, "Expert parallelism in the
+commands").
 """
 
 from __future__ import annotations
@@ -67,10 +68,21 @@ class ParallelConfig(Section):
     the model's expert count live outside this section): ``trainer.world_size`` a multiple of
     ``ep`` (``world_size / ep`` data-parallel replicas of each expert shard), and every MoE layer's
     expert count ``E`` divisible by ``ep``. Every command runs it (``distributed.fsdp.shard_model``
-    shards the experts instead of FSDP2, the other weights stay whole on every rank)."""
+    shards the experts; the other weights stay whole on every rank unless ``ep_fsdp``)."""
+    ep_fsdp: bool = False
+    """With ``ep > 1``, also shard every weight that expert parallelism keeps whole (attention,
+    embeddings, norms, routers, shared experts, MTP layers) with FSDP2 over all ranks, with their
+    gradients and Adam's moments: the expert shards are left to expert parallelism
+    (``ignored_params``), the rest costs 1/``world_size`` of its memory per rank instead of all of
+    it (docs/distributed.md, "Expert and data parallelism at once"). Off by default: EP alone
+    needs no FSDP collectives, and a ``[[pretrain.phases]]`` phase of ``mtp`` alone is refused under
+    FSDP (its trunk runs without gradient)."""
 
     def validate(self) -> None:
         if self.cp < 1:
             raise ConfigError(f"parallel.cp: must be >= 1, got {self.cp}")
         if self.ep < 1:
             raise ConfigError(f"parallel.ep: must be a positive integer (ranks per expert-parallel group), got {self.ep}")
+        if self.ep_fsdp and self.ep == 1:
+            raise ConfigError("parallel.ep_fsdp = true shards the weights expert parallelism keeps whole; with "
+                              "parallel.ep = 1 FSDP already shards every weight: set parallel.ep > 1 or drop ep_fsdp")

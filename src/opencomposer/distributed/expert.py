@@ -53,9 +53,9 @@ the whole model, load the full checkpoint, then call ``shard_experts``.
 
 Not done here
 -------------
-- Combining with FSDP2: the commands run ``parallel.ep > 1`` with the other weights replicated
-  (``distributed.fsdp.shard_model``); FSDP of those over a 2-D mesh, the expert shards over their
-  replicas only, is the step beyond (docs/distributed.md).
+- FSDP of the expert shards over their replicas: with ``parallel.ep_fsdp`` FSDP2 shards every
+  other weight (``distributed.fsdp.shard_model``), and each expert shard stays whole on its
+  ``world_size / ep`` replicas (docs/distributed.md).
 - No capacity factor or token dropping: every routed row is computed (exact, uneven load).
 - No overlap of communication and compute, no grouped GEMM: one matmul per local expert.
 - Code that reads expert weights directly instead of calling the module (``inference.invariant``,
@@ -268,14 +268,16 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def sync_gradients(model: nn.Module, group=None, expert_replicas=None, average: bool = False) -> None:
+def sync_gradients(model: nn.Module, group=None, expert_replicas=None, average: bool = False,
+                   experts_only: bool = False) -> None:
     """All-reduce the gradients of an expert-parallel model after backward (module doc).
 
     Replicated parameters: summed over ``group`` (every data-parallel rank; default the world).
     Expert shards: summed over ``expert_replicas`` only (the ranks holding the same experts; pass
     ``None`` when the expert-parallel group is the whole ``group``: each owner already has the sum
     over all ranks' tokens). ``average``: divide both by ``group``'s size, for per-rank losses that
-    are means (the step's loss their mean) rather than parts of one sum. Every rank must have the
+    are means (the step's loss their mean) rather than parts of one sum. ``experts_only``: leave
+    the other parameters alone (FSDP reduced them: ``parallel.ep_fsdp``). Every rank must have the
     same replicated parameters with and without a gradient (the all-reduces are matched in order)."""
     import torch.distributed as dist
 
@@ -299,6 +301,8 @@ def sync_gradients(model: nn.Module, group=None, expert_replicas=None, average: 
         if id(parameter) in experts:
             if expert_replicas is not None and dist.get_world_size(expert_replicas) > 1:
                 dist.all_reduce(grad, group=expert_replicas)
+        elif experts_only:
+            continue
         else:
             dist.all_reduce(grad, group=group)
         if average:

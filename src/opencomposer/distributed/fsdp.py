@@ -20,8 +20,15 @@ whole on every rank; after backward the runners call ``reduce_gradients``, which
 replicated weights' gradients over all ranks and the expert shards' over their replicas
 (``sync_gradients``) and divides by N, the average that FSDP takes by itself. Full state dicts
 gather the expert shards (weights and Adam's moments) back into the single-process layout, and
-loading slices them again, so checkpoints move between ``ep`` settings too. Combining the two (FSDP
-of the replicated weights over a 2-D mesh) is the step beyond: docs/distributed.md.
+loading slices them again, so checkpoints move between ``ep`` settings too.
+
+**Both at once** (``World.ep_fsdp``, ``parallel.ep_fsdp``): after the experts are sharded, FSDP2
+shards every other weight over all ranks, with the expert shards as its ``ignored_params``. Each
+weight then has exactly one owner scheme: an expert row lives on the ``ep`` ranks' blocks (and
+their replicas), every other weight is split ``world_size`` ways. FSDP averages the other weights'
+gradients in backward; ``reduce_gradients`` then handles only the expert shards. The gradient norm
+adds the FSDP shards over all ranks and the expert shards over the expert-parallel group; full
+state dicts gather both kinds, and loading slices both.
 """
 
 from __future__ import annotations
@@ -45,21 +52,29 @@ def shard_model(model: torch.nn.Module, world: World) -> torch.nn.Module:
     under expert parallelism (module doc); a no-op for one process."""
     if not world.distributed:
         return model
-    if world.ep > 1:
-        from opencomposer.distributed.expert import shard_experts
-
-        model.to(world.device)
-        shard_experts(model, world.ep_group)
-        return model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     model.to(world.device)
+    ignored = None
+    if world.ep > 1:
+        from opencomposer.distributed.expert import expert_parameters, shard_experts
+
+        shard_experts(model, world.ep_group)
+        if not world.ep_fsdp:
+            return model
+        ignored = {parameter for _, parameter in expert_parameters(model)}  # expert parallelism's own
     mesh = init_device_mesh(world.device.type, (world.size,))
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, ignored_params=ignored)
     return model
+
+
+def _whole(value: Any) -> Any:
+    """A DTensor gathered whole (collective over its mesh); anything else as it is."""
+    full = getattr(value, "full_tensor", None)
+    return full() if full is not None else value
 
 
 def _full_options(**extra: Any):
@@ -76,8 +91,9 @@ def full_model_state(model: torch.nn.Module, world: World) -> dict[str, torch.Te
     if world.ep > 1:
         from opencomposer.distributed.expert import full_state_dict
 
-        state = full_state_dict(model)  # every rank takes part in the gathers
-        return {k: v.cpu() for k, v in state.items()} if world.main else {}
+        state = full_state_dict(model)  # every rank takes part in the gathers (experts, then FSDP's)
+        state = {k: _whole(v).cpu() for k, v in state.items()}
+        return state if world.main else {}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_full_options())
@@ -154,11 +170,12 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, world:
 
 def reduce_gradients(model: torch.nn.Module, world: World) -> None:
     """After backward: under expert parallelism, average the gradients over the ranks as FSDP does
-    (module doc); nothing otherwise (FSDP reduced them during backward)."""
+    (module doc), the expert shards' only under ``ep_fsdp``; nothing otherwise (FSDP reduced them
+    during backward)."""
     if world.ep > 1:
         from opencomposer.distributed.expert import sync_gradients
 
-        sync_gradients(model, None, world.expert_replicas, average=True)
+        sync_gradients(model, None, world.expert_replicas, average=True, experts_only=world.ep_fsdp)
 
 
 # ------------------------------------------------------------------------------- expert parallelism
@@ -182,9 +199,18 @@ def _clip_ep_gradients(parameters: list[torch.nn.Parameter], max_norm: float, wo
     for p in shards:
         squared += p.grad.detach().double().pow(2).sum()
     dist.all_reduce(squared, group=world.ep_group)  # every expert of every layer, once
+    sharded = torch.zeros((), dtype=torch.float64, device=world.device)
     for p in with_grad:
-        if getattr(p, "expert_parallel_group", None) is None:  # replicated: equal on every rank
+        if getattr(p, "expert_parallel_group", None) is not None:
+            continue
+        local = getattr(p.grad, "to_local", None)
+        if local is not None:  # an FSDP shard (ep_fsdp): each rank holds its own part
+            sharded += local().detach().double().pow(2).sum()
+        else:  # replicated: equal on every rank
             squared += p.grad.detach().double().pow(2).sum()
+    if world.ep_fsdp:
+        dist.all_reduce(sharded)
+        squared += sharded
     norm = float(squared.sqrt())
     if norm > max_norm:
         factor = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
@@ -205,7 +231,7 @@ def _ep_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     for index, slots in sorted(state["state"].items()):
         group = groups.get(names[index])
         out["state"][index] = {slot: gather_experts(value, group).cpu() if group is not None and value.dim() else
-                               value.cpu() for slot, value in slots.items()}
+                               _whole(value).cpu() for slot, value in slots.items()}  # FSDP shards: ep_fsdp
     return out if world.main else {}
 
 
@@ -216,13 +242,31 @@ def _load_ep_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Opti
 
     groups = _expert_names(model)
     names = _parameter_names(model, optimizer)
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
     local: dict[str, Any] = {"state": {}, "param_groups": state["param_groups"]}
     for index, slots in state["state"].items():
         group = groups.get(names[int(index)])
         if group is None:
-            local["state"][index] = slots
+            parameter = parameters[int(index)]
+            local["state"][index] = {slot: _like(value, parameter) for slot, value in slots.items()}
             continue
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         local["state"][index] = {slot: value.chunk(size)[rank].clone() if value.dim() else value
                                  for slot, value in slots.items()}
     optimizer.load_state_dict(local)
+
+
+def _like(value: Any, parameter: torch.nn.Parameter) -> Any:
+    """An optimizer moment of the whole ``parameter`` as the parameter is held here: its FSDP shard
+    (a DTensor with this rank's rows, no collective) when it is one (``ep_fsdp``), else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(parameter, DTensor) or not isinstance(value, torch.Tensor) or value.shape != parameter.shape:
+        return value
+    mesh, placements = parameter.device_mesh, parameter.placements
+    (dim,) = [p.dim for p in placements]  # FSDP2: Shard(0) over one mesh dimension
+    chunks = value.chunk(mesh.size(), dim=dim)
+    rank = mesh.get_local_rank()
+    piece = chunks[rank] if rank < len(chunks) else value.narrow(dim, 0, 0)
+    return DTensor.from_local(piece.clone().to(parameter.device), mesh, placements, shape=value.shape,
+                              stride=value.stride(), run_check=False)

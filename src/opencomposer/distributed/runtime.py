@@ -61,6 +61,7 @@ class World:
     ep: int = 1
     ep_group: Any = None
     expert_replicas: Any = None  # the ranks holding this rank's experts (None: only this rank)
+    ep_fsdp: bool = False  # with ep > 1: FSDP2 shards every weight but the experts (parallel.ep_fsdp)
 
     def __post_init__(self) -> None:
         for axis in ("cp", "ep"):
@@ -198,7 +199,7 @@ def join_group(config: Config) -> World:
     cp_group = context_parallel_groups(size, cp, rank)
     ep_group, replicas = expert_parallel_groups(size, ep, rank)
     _JOINED = World(rank, size, local, device, cp=cp, cp_group=cp_group, ep=ep, ep_group=ep_group,
-                    expert_replicas=replicas)
+                    expert_replicas=replicas, ep_fsdp=config.parallel.ep_fsdp and ep > 1)
     return _JOINED
 
 

@@ -954,12 +954,13 @@ def _check_world(plan: list[Phase], world: World) -> None:
         if "sft" in c.losses and c.sft_batch_size < world.dp_size:
             raise ConfigError(f"pretrain.phases ({phase.name}): sft_batch_size = {c.sft_batch_size} gives some of "
                               f"the {world.dp_size} data-parallel ranks no demonstrations")
-        if world.distributed and world.ep == 1 and "mtp" in c.losses and not {"lm", "sft"} & set(c.losses):
+        if world.distributed and (world.ep == 1 or world.ep_fsdp) and "mtp" in c.losses \
+                and not {"lm", "sft"} & set(c.losses):
             # the trunk's forward runs without gradient, so FSDP2's backward hooks (registered on
             # its outputs) never fire and the MTP layers' gradients would not be reduced
             raise ConfigError(f"pretrain.phases ({phase.name}): losses = {c.losses} trains the MTP layers alone, "
-                              "which does not run under FSDP (trainer.world_size > 1) yet; add 'lm' or 'sft', "
-                              "run it in one process, or with parallel.ep")
+                              "which does not run under FSDP (trainer.world_size > 1, or parallel.ep_fsdp) yet; "
+                              "add 'lm' or 'sft', run it in one process, or with parallel.ep alone")
         if phase.rows and world.cp > 1 and c.seq_len % (2 * world.cp):
             raise ConfigError(f"pretrain.phases ({phase.name}): seq_len = {c.seq_len} does not split into the "
                               f"{2 * world.cp} chunks of context parallelism (parallel.cp = {world.cp})")
