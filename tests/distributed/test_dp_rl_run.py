@@ -1,5 +1,6 @@
 """``opencomposer rl`` at ``trainer.world_size = 2`` end to end (gloo, 2 processes, the tiny recipe),
-data-, context- (``parallel.cp = 2``) and expert-parallel (``parallel.ep = 2``): the same run folder layout, the same
+data-, context- (``parallel.cp = 2``) and expert-parallel (``parallel.ep = 2``, alone and with FSDP of the
+other weights): the same run folder layout, the same
 exactly-once record and the same weights as world size 1; and the async services
 (``rl.mode = "async"``, staleness 0, which trains what the synchronous loop trains) on two
 ranks, data- or context-parallel: the same record and weights."""
@@ -39,8 +40,9 @@ def single(tmp_path_factory) -> Path:
     return run(tmp_path_factory.mktemp("single"), 1)
 
 
-@pytest.mark.parametrize(("cp", "extra"), [(1, ()), (2, ()), (1, ("parallel.ep=2",))],
-                         ids=["data", "context", "expert"])
+@pytest.mark.parametrize(("cp", "extra"), [(1, ()), (2, ()), (1, ("parallel.ep=2",)),
+                                           (1, ("parallel.ep=2", "parallel.ep_fsdp=true"))],
+                         ids=["data", "context", "expert", "expert-fsdp"])
 def test_an_rl_run_at_world_size_2_equals_world_size_1(single: Path, tmp_path: Path, cp: int, extra: tuple):
     from safetensors.torch import load_file
 
