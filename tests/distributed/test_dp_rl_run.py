@@ -66,3 +66,22 @@ def test_an_async_run_at_world_size_2_equals_the_synchronous_single_process(sing
     record = [json.loads((d / "checkpoints/step-000002/state.json").read_text())["trained"] for d in (single, two)]
     assert record[0] == record[1] and len(record[0]) == 4
     assert json.loads((two / "summary.json").read_text())["mode"] == "async"
+
+
+def test_a_sharded_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path):
+    """``trainer.optimizer_checkpoint = "sharded"``: two ranks write Adam's state shard by shard;
+    one process resumes from it (the format read is the checkpoint's) and trains a third step as a
+    run that never stopped does: the same record and weights."""
+    from safetensors.torch import load_file
+
+    straight = run(tmp_path / "straight", 1, 1, "rl.steps=3")
+    folder = tmp_path / "stopped"
+    run(folder, 2, 1, "trainer.optimizer_checkpoint=sharded", "run.name=run")
+    stopped = folder / "run"
+    assert (stopped / "checkpoints/step-000002/optimizer/.metadata").is_file()
+    run(folder, 1, 1, "rl.steps=3", "rl.checkpoint_every=1", "run.name=run")
+    a = load_file(straight / "checkpoints/step-000003/model/model.safetensors")
+    b = load_file(stopped / "checkpoints/step-000003/model/model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-5 for k in a)
+    record = [json.loads((d / "checkpoints/step-000003/state.json").read_text())["trained"] for d in (straight, stopped)]
+    assert record[0] == record[1] and len(record[0]) == 6

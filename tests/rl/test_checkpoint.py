@@ -58,25 +58,34 @@ def load_model_folder(path: Path):
     return load_model(str(path))
 
 
-def test_resumed_trainer_continues_bit_for_bit(small, tmp_path):
+@pytest.mark.parametrize("optimizer_format", ["full", "sharded"])
+def test_resumed_trainer_continues_bit_for_bit(small, tmp_path, optimizer_format):
+    """Adam's state in ``trainer.pt`` or, ``trainer.optimizer_checkpoint = "sharded"``, in the
+    checkpoint's ``optimizer/`` (torch.distributed.checkpoint; other world sizes:
+    tests/distributed/test_sharded_checkpoint.py)."""
     model, tokenizer = small
-    straight = Trainer(copy.deepcopy(model), tokenizer, config())
+    cfg = config()
+    cfg.trainer.optimizer_checkpoint = optimizer_format
+    straight = Trainer(copy.deepcopy(model), tokenizer, cfg)
     train(straight, 0)
     train(straight, 1)
 
-    first = Trainer(copy.deepcopy(model), tokenizer, config())
+    first = Trainer(copy.deepcopy(model), tokenizer, cfg)
     train(first, 0)
     state = RunState(step=1, cursor=4, trained=[TaskRecord(i, f"t{i}", 1) for i in range(3)]
                      + [TaskRecord(3, "t3", 1, "dropped", "group dropped: 1 of 2 episodes scored")])
-    path = save_training_checkpoint(tmp_path, state, first.model, tokenizer, first.state_dict(), keep=2)
+    sharded = optimizer_format == "sharded"
+    path = save_training_checkpoint(tmp_path, state, first.model, tokenizer, first.state_dict(), keep=2,
+                                    write_optimizer=first.save_optimizer if sharded else None)
+    assert (path / "optimizer" / ".metadata").is_file() == sharded
     torch.manual_seed(123)
     expected_draw = torch.rand(3)
 
     torch.manual_seed(999)  # disturb the RNG; loading must restore it
     loaded_state, trainer_state = load_training_checkpoint(path)
     resumed_model, resumed_tokenizer = load_model_folder(path / "model")
-    resumed = Trainer(resumed_model, resumed_tokenizer, config())
-    resumed.load_state_dict(trainer_state)
+    resumed = Trainer(resumed_model, resumed_tokenizer, cfg)
+    resumed.load_state_dict(trainer_state, path / "optimizer")
     assert loaded_state == state
     torch.manual_seed(123)
     assert torch.equal(torch.rand(3), expected_draw)

@@ -33,6 +33,14 @@ class TrainerConfig(Section):
     """How long a rank waits in one collective before the group fails. The other ranks wait in one
     while rank 0 samples an RL step or records SFT demonstrations in the sandbox, so this bounds
     those; torch's own defaults (10 minutes for NCCL) are shorter than a long rollout."""
+    optimizer_checkpoint: Literal["full", "sharded"] = "full"
+    """How RL checkpoints hold Adam's state. ``full``: rank 0 gathers it whole into ``trainer.pt``
+    (the single-process layout, by parameter index; rank 0 then holds two fp32 copies of every
+    weight's moments while writing). ``sharded``: every rank writes its own shard into the
+    checkpoint's ``optimizer/`` folder with ``torch.distributed.checkpoint``, keyed by parameter
+    name, and a resume at any world size reads the parts it needs; nothing is gathered. The ranks
+    must share the run folder's file system. Data and context parallelism only (expert shards
+    are per-rank tensors that the checkpoint planner would take for replicas)."""
     master_port: int = 29512
     """TCP port of the rendezvous on 127.0.0.1 when the command spawns the group itself; 0 picks a
     free port. Ignored under ``torchrun``, which sets ``MASTER_ADDR`` / ``MASTER_PORT``."""

@@ -57,6 +57,9 @@ class Config(Section):
             if degree > 1 and size > 1 and size % degree:
                 raise ConfigError(f"parallel.{axis} = {degree}: trainer.world_size = {size} is not a multiple of it "
                                   f"(each {'context' if axis == 'cp' else 'expert'}-parallel group is {degree} ranks)")
+        if self.trainer.optimizer_checkpoint == "sharded" and self.parallel.ep > 1:
+            raise ConfigError("trainer.optimizer_checkpoint = \"sharded\" writes FSDP's shards; with parallel.ep > 1 "
+                              "the expert shards are per-rank tensors it cannot place: use \"full\" (the default)")
         # The sandbox clamps every command to max_timeout_s: a longer test limit would silently not hold.
         for key, timeout_s in (("grading.timeout_s", self.grading.timeout_s),
                                ("tasks.test_timeout_s", self.tasks.test_timeout_s)):

@@ -33,6 +33,9 @@ state dicts gather both kinds, and loading slices both.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -155,6 +158,47 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
                              for group in state["param_groups"]],
         }
     set_optimizer_state_dict(model, optimizer, by_name, options=_full_options(broadcast_from_rank0=True))
+
+
+def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path,
+                           world: World) -> None:
+    """Write the optimizer's state into ``folder`` with ``torch.distributed.checkpoint``: each rank its
+    own shard, keyed by parameter name (``trainer.optimizer_checkpoint = "sharded"``). Collective
+    over the trainer's group; in one process a plain write of the whole state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    if world.ep > 1:
+        raise ValueError("sharded optimizer checkpoints: expert-parallel shards are not supported (use the full format)")
+    state = get_optimizer_state_dict(model, optimizer)
+    with _one_process_is_meant():
+        dcp.save({"optimizer": state}, checkpoint_id=str(folder), no_dist=not world.distributed)
+
+
+def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path,
+                           world: World) -> None:
+    """Load a state written by ``save_sharded_optimizer`` at any world size into this rank's shard
+    of the optimizer (collective, like the save)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    if world.ep > 1:
+        raise ValueError("sharded optimizer checkpoints: expert-parallel shards are not supported (use the full format)")
+    if not Path(folder, ".metadata").is_file():
+        raise FileNotFoundError(f"{folder}: no sharded optimizer checkpoint here (its .metadata file is missing)")
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill, initialised
+    with _one_process_is_meant():
+        dcp.load(state, checkpoint_id=str(folder), no_dist=not world.distributed)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+@contextlib.contextmanager
+def _one_process_is_meant():
+    """Silence the checkpoint library's notice that it runs without a process group (one process
+    writing or reading the shards is intended here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, world: World | None = None) -> float:

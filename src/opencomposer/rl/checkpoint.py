@@ -4,7 +4,9 @@ A checkpoint is a folder ``{run}/checkpoints/step-NNNNNN/`` holding everything a
 to continue as if it had never stopped:
 
 - ``model/``: the policy's weights and tokenizer (a Hugging Face folder; ``local:PATH`` loads it);
-- ``trainer.pt``: Adam's state and the RNG states (torch, NumPy, Python);
+- ``trainer.pt``: Adam's state and the RNG states (torch, NumPy, Python); with
+  ``trainer.optimizer_checkpoint = "sharded"`` Adam's state is in ``optimizer/`` instead, one file
+  per rank (``torch.distributed.checkpoint``), and ``trainer.pt`` says so;
 - ``state.json``: the step, the position in the task stream and the record of every task the
   stream handed out so far (stream index, task id, the step that used it, and its status:
   ``trained``, or ``dropped`` with the reason its rollouts taught nothing), plus the policy version.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -139,11 +142,16 @@ def save_training_checkpoint(
     tokenizer: Any,
     trainer_state: dict[str, Any],
     keep: int,
+    write_optimizer: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``state.step`` atomically, then keep only the newest ``keep``."""
+    """Write the checkpoint of ``state.step`` atomically, then keep only the newest ``keep``.
+    ``write_optimizer``: writes a sharded optimizer state into the checkpoint's ``optimizer/``
+    (``Trainer.save_optimizer``; every rank writes into the same temporary folder)."""
     from opencomposer.model.loading import save_checkpoint
 
     def write(folder: Path) -> None:
+        if write_optimizer is not None:
+            write_optimizer(folder / "optimizer")
         save_checkpoint(model, tokenizer, folder / "model")
         torch.save({**trainer_state, "rng": rng_state()}, folder / "trainer.pt")
         (folder / "state.json").write_text(state.to_json())

@@ -132,7 +132,7 @@ class RLRun:
         self.state = RunState()
         if checkpoint is not None:
             self.state, trainer_state = load_training_checkpoint(checkpoint)
-            self.trainer.load_state_dict(trainer_state)
+            self.trainer.load_state_dict(trainer_state, checkpoint / "optimizer")
             self._check_stream_matches_record(checkpoint)
         atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
         self.batcher = self._sampler()
@@ -265,8 +265,10 @@ class RLRun:
 
     def checkpoint(self) -> Path:
         self.log.sync()
-        return save_training_checkpoint(self.run_dir, self.state, self.model, self.tokenizer,
-                                        self.trainer.state_dict(), self.rl.keep_checkpoints)
+        trainer_state = self.trainer.state_dict()
+        sharded = trainer_state.get("optimizer_format") == "sharded"
+        return save_training_checkpoint(self.run_dir, self.state, self.model, self.tokenizer, trainer_state,
+                                        self.rl.keep_checkpoints, self.trainer.save_optimizer if sharded else None)
 
     def _write_rollouts(self, groups: list[Group]) -> None:
         lines = []

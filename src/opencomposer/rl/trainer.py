@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,8 @@ from opencomposer.distributed.fsdp import (
     full_model_state,
     full_optimizer_state,
     load_optimizer_state,
+    load_sharded_optimizer,
+    save_sharded_optimizer,
     shard_model,
 )
 from opencomposer.distributed.runtime import World, current_world
@@ -116,6 +119,7 @@ class Trainer:
         # full-parameter Adam, no weight decay (report §4.1; rl.step)
         self.optimizer = build_optimizer(model, lr=self.rl.lr, betas=tuple(self.rl.adam_betas), eps=self.rl.adam_eps)
         self.updates = 0  # optimizer steps applied (skipped steps do not count); drives the warm-up
+        self.sharded_optimizer = config.trainer.optimizer_checkpoint == "sharded"
         if self.rl.router_replay != "off":
             try:
                 replayable_routers(model)
@@ -293,13 +297,30 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Adam's state (in the single-process layout at any world size) and the update count."""
+        """Adam's state (in the single-process layout at any world size) and the update count; with
+        ``trainer.optimizer_checkpoint = "sharded"`` the count and the format only: the state itself
+        goes to ``save_optimizer``."""
+        if self.sharded_optimizer:
+            return {"optimizer_format": "sharded", "updates": self.updates}
         self._command("state_dict")
         return {"optimizer": full_optimizer_state(self.model, self.optimizer, self.world), "updates": self.updates}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._command("load_state_dict")
-        load_optimizer_state(self.model, self.optimizer, state["optimizer"], self.world)
+    def save_optimizer(self, folder: Path) -> None:
+        """Every rank writes its shard of Adam's state into ``folder`` (``distributed.fsdp.save_sharded_optimizer``)."""
+        self._command("save_optimizer", str(folder))
+        save_sharded_optimizer(self.model, self.optimizer, folder, self.world)
+
+    def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
+        """Restore what ``state_dict`` returned; a sharded one (whatever this run's own format)
+        reads its shards from ``folder``, the checkpoint's ``optimizer/``, at any world size."""
+        if state.get("optimizer_format") == "sharded":
+            if folder is None:
+                raise ValueError("Trainer.load_state_dict: a sharded optimizer state needs its folder")
+            self._command("load_sharded", str(folder))
+            load_sharded_optimizer(self.model, self.optimizer, folder, self.world)
+        else:
+            self._command("load_state_dict")
+            load_optimizer_state(self.model, self.optimizer, state["optimizer"], self.world)
         self.updates = int(state.get("updates", 0))
 
     def full_model(self) -> torch.nn.Module:
@@ -337,6 +358,10 @@ class Trainer:
                 full_optimizer_state(self.model, self.optimizer, self.world)
             elif name == "load_state_dict":
                 load_optimizer_state(self.model, self.optimizer, None, self.world)
+            elif name == "save_optimizer":
+                save_sharded_optimizer(self.model, self.optimizer, args[0], self.world)
+            elif name == "load_sharded":
+                load_sharded_optimizer(self.model, self.optimizer, args[0], self.world)
             elif name == "full_model":
                 full_model_state(self.model, self.world)
             else:
