@@ -11,7 +11,8 @@ every row is most of the work, so ``token_logprobs`` runs it **once**:
    back into the one prefix computation, so this is the same function, not an approximation);
 3. the rows' remaining tokens run on top of it, and logits are kept only from the first position
    that has a loss target onward (``logits_to_keep``), so the vocabulary projection skips the
-   prompt.
+   prompt. Without a shared prefix the logits are kept at exactly the positions each row scores
+   (a boolean ``logits_to_keep``), skipping tool outputs and padding too.
 
 Outputs are ``[rows, seq]`` like the batch; positions outside the computed window hold 0 (their
 targets carry no loss). ``tests/training/test_forward.py`` checks values and gradients against the
@@ -20,7 +21,8 @@ plain full-sequence forward. Works with any transformers causal LM that accepts 
 
 A batch of packed rows (``training.packing.pack_rows``: ``segment_ids`` not all zero) runs in one
 call without a cache, with attention inside each segment at the cost of its own length
-(``training.attention.packed_attention``).
+(``training.attention.packed_attention``), and the vocabulary projection runs on the positions
+each row scores only (a packed row's later segments hold prompts and tool outputs).
 
 **Router replay** (report §6.2): given a ``model.routing.RouterReplay``, both calls select the
 experts the sampler recorded (``TrainBatch.routes``, aligned with the inputs): the prefix call
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -95,6 +98,15 @@ def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX,
         differs |= (batch.routes != batch.routes[:1]).flatten(2).any(-1).any(0)
     length = min(_first_true(differs), first_loss_position(batch), seq - 1)
     return length if length >= min_prefix else 0
+
+
+@functools.cache
+def per_row_logits() -> bool:
+    """Whether the installed transformers takes a ``[rows, seq]`` boolean ``logits_to_keep`` (its
+    ``slice_logits_to_keep``): logits at exactly the positions each row scores."""
+    import transformers.modeling_utils
+
+    return hasattr(transformers.modeling_utils, "slice_logits_to_keep")
 
 
 def scored_positions(batch: TrainBatch) -> torch.Tensor:
@@ -160,14 +172,23 @@ def token_logprobs(
                 out = model(input_ids=input_ids[:, prefix:], position_ids=position_ids[:, prefix:], cache=cache,
                             use_cache=True, logits_to_keep=seq - start)
         else:
-            # a packed row holds prompts and tool outputs after its first loss position: the
-            # vocabulary projection runs on the positions that some row scores, not on a window
+            # the vocabulary projection runs on the positions each row scores, not on a window
+            # from the first of them (a packed row holds prompts and tool outputs after it)
             keep = scored_positions(batch).to(device) if packed else None
+            if per_row_logits():
+                keep = batch.loss_mask.bool().to(device)
+                if not keep.any():
+                    keep[:, -1] = True
             documents = packed_attention(model, position_ids) if packed else contextlib.nullcontext()
             with routed((slice(None), slice(None))), documents:
                 out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                             logits_to_keep=seq - start if keep is None else keep)
     logits = out.logits if temperature == 1.0 else out.logits / temperature
+    if keep is not None and keep.dtype == torch.bool:  # [kept, vocab]: the kept positions of every row
+        logprobs, entropy = token_logprobs_and_entropy(logits[None], target_ids[keep][None], top_p, top_k)
+        full_logprobs = logprobs.new_zeros(rows, seq).masked_scatter(keep, logprobs[0])
+        full_entropy = entropy.new_zeros(rows, seq).masked_scatter(keep, entropy[0]) if with_entropy else None
+        return full_logprobs, full_entropy
     if keep is not None:  # [rows, kept]
         logprobs, entropy = token_logprobs_and_entropy(logits, target_ids[:, keep], top_p, top_k)
         full_logprobs = logprobs.new_zeros(rows, seq).index_copy(1, keep, logprobs)
