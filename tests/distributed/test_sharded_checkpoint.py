@@ -115,3 +115,42 @@ def test_a_sharded_state_needs_its_folder_and_no_expert_parallelism(small_model,
         trainer.load_state_dict({"optimizer_format": "sharded", "updates": 1}, tmp_path)
     with pytest.raises(ConfigError, match="optimizer_checkpoint"):
         load_recipe(None, ["trainer.optimizer_checkpoint=sharded", "trainer.world_size=2", "parallel.ep=2"])
+
+
+def test_weights_adam_never_updated_stay_without_state_across_a_sharded_resume(small_model, tmp_path):
+    """RL does not train the MTP layers: Adam holds no state for them, and a resume must neither
+    fail on their absence nor invent a state (a step count) for them."""
+    from opencomposer.model.mtp import attach_mtp
+
+    model = attach_mtp(copy.deepcopy(small_model), 1)
+    trainer = Trainer(copy.deepcopy(model), TOKENIZER, config())
+    trainer.train(ScoredStep(rows=make_rows(1, [0.5, -0.5, 0.25, -0.25])))
+    untrained = {n for n, p in trainer.model.named_parameters() if p not in trainer.optimizer.state}
+    assert untrained and all(n.startswith("mtp.") for n in untrained)
+    trainer.save_optimizer(tmp_path / "optimizer")
+    resumed = Trainer(copy.deepcopy(trainer.model), TOKENIZER, config())
+    resumed.load_state_dict(trainer.state_dict(), tmp_path / "optimizer")
+    assert {n for n, p in resumed.model.named_parameters() if p not in resumed.optimizer.state} == untrained
+    want, got = adam_state(trainer), adam_state(resumed)
+    assert want.keys() == got.keys()
+    for name, slots in want.items():
+        for slot, value in slots.items():
+            torch.testing.assert_close(got[name][slot], value, rtol=0, atol=0, msg=f"{name}.{slot}")
+
+
+def test_a_checkpoint_before_any_update_leaves_adam_untouched(small_model, tmp_path):
+    """Saving (and loading) an optimizer that has taken no step takes none either: the first real
+    update is Adam's first, bias correction included."""
+    rows = make_rows(1, [0.5, -0.5, 0.25, -0.25])
+    trainer = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
+    trainer.save_optimizer(tmp_path / "optimizer")
+    assert not trainer.optimizer.state
+    assert (tmp_path / "optimizer" / "EMPTY").is_file() and not (tmp_path / "optimizer" / ".metadata").exists()
+    resumed = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
+    resumed.load_state_dict(trainer.state_dict(), tmp_path / "optimizer")
+    assert not resumed.optimizer.state
+    fresh = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
+    for t in (trainer, resumed, fresh):
+        t.train(ScoredStep(rows=copy.deepcopy(rows)))
+    for name, value in fresh.model.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], value) and torch.equal(resumed.model.state_dict()[name], value)

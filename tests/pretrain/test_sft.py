@@ -90,12 +90,27 @@ def test_packed_sft_steps_equal_the_padded_ones(tmp_path: Path, tiny_tokenizer):
     episodes = record_demonstrations(demonstration_tasks(config, tmp_path), tiny_tokenizer, config)
     longest = max(len(row) for row in episode_rows(episodes))
     model, tokenizer = load_model(SMALL, tiny_tokenizer, seed=1)
+    import opencomposer.training.packing as packing
+
+    packed_rows = []
+    original = packing.pack_rows
+
+    def spy(rows, max_tokens):
+        out = original(rows, max_tokens)
+        packed_rows.extend(len(row.parts) for row in out)
+        return out
+
     results = {}
     for pack in (0, 2 * longest):
         trained = copy.deepcopy(model)
-        result = sft(trained, tokenizer, episodes, SFTConfig(steps=3, batch_size=4, lr=5e-3, warmup_steps=0,
-                                                              pack_tokens=pack), progress=False)
+        packing.pack_rows = spy
+        try:
+            result = sft(trained, tokenizer, episodes, SFTConfig(steps=3, batch_size=4, lr=5e-3, warmup_steps=0,
+                                                                  pack_tokens=pack), progress=False)
+        finally:
+            packing.pack_rows = original
         results[pack] = [h["loss"] for h in result.history]
+    assert packed_rows and max(packed_rows) > 1  # the packed run did share rows
     # the later losses are of the updated weights (Adam's first steps move each weight by about
     # ±lr, so the weights themselves differ where a gradient is near 0 and rounding flips its sign)
     assert results[2 * longest] == pytest.approx(results[0], rel=1e-4)

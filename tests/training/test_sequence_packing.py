@@ -124,6 +124,28 @@ def test_packed_attention_is_causal_attention_inside_each_document():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_copy_taken_inside_the_switch_gets_its_own_attention_back_and_flash_keeps_its_own():
+    """The asynchronous inference service may copy the trainer's model while a packed forward
+    runs (``model.attention.restore_attention``); a model on another implementation than sdpa or
+    eager (flash attention reads packed position ids itself) is not switched at all."""
+    from opencomposer.model.attention import SAVED, restore_attention
+    from opencomposer.training.attention import PACKED_ATTENTION, packed_attention
+
+    model = hf_llama()
+    positions = torch.tensor([[0, 1, 2, 0, 1]])
+    with packed_attention(model, positions):
+        assert model.config._attn_implementation == PACKED_ATTENTION
+        copied = restore_attention(copy.deepcopy(model))
+    assert copied.config._attn_implementation == model.config._attn_implementation == "sdpa"
+    assert not hasattr(copied.config, SAVED) and not hasattr(model.config, SAVED)
+    with torch.no_grad():  # the copy runs a cached forward, as a sampler does
+        copied(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True)
+    model.config._attn_implementation = "flash_attention_2"
+    with packed_attention(model, positions):
+        assert model.config._attn_implementation == "flash_attention_2"
+    model.config._attn_implementation = "sdpa"
+
+
 def hf_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -219,8 +241,18 @@ def test_the_trainer_packs_its_steps_and_its_reference_pass(tiny_tokenizer):
     with torch.no_grad():
         for p in reference.parameters():
             p.add_(0.02 * torch.randn_like(p))
+    from opencomposer.rl import trainer as trainer_module
+
+    trained_segments = []  # segments per row of every batch the trainer collates
+
+    def spy(rows, *args, **kwargs):
+        batch = collate(rows, *args, **kwargs)
+        trained_segments.append(int(batch.segment_ids.max()) + 1)
+        return batch
+
     results = {}
     for pack in (0, 256):
+        trained_segments.clear()
         config = Config()
         config.rl.kl.coef, config.rl.lr, config.rl.adam_eps = 0.05, 1.0, 1.0
         config.rl.micro_batch_tokens, config.rl.pack_tokens = 256, pack
@@ -231,7 +263,13 @@ def test_the_trainer_packs_its_steps_and_its_reference_pass(tiny_tokenizer):
                   for _ in range(2)]
         scored = trainer.score(groups)
         assert scored.metrics["kl_penalty_mean"] > 0
-        loss, metrics = trainer.train(scored)
+        original = trainer_module.collate
+        trainer_module.collate = spy
+        try:
+            loss, metrics = trainer.train(scored)
+        finally:
+            trainer_module.collate = original
+        assert (max(trained_segments) > 1) == bool(pack)  # packed rows trained only when asked
         rewards = [e.reward for g in groups for e in g.episodes]
         results[pack] = (rewards, loss, metrics, {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
     (r0, loss0, m0, w0), (r1, loss1, m1, w1) = results[0], results[256]

@@ -229,7 +229,8 @@ class SFTConfig(Section):
     pack_tokens: int = 0
     """Sequence packing: a step's demonstrations share batch rows of at most this many positions,
     each attending only to itself (``training.packing.pack_rows``), instead of one padded row
-    each; 0 (default) packs nothing. The loss is the same; the padding goes."""
+    each; 0 (default) packs nothing. The loss is the same; the padding goes. ``opencomposer sft``
+    only: the ``sft`` losses of ``[[pretrain.phases]]`` collate one demonstration per row."""
 
     def validate(self) -> None:
         if not (self.pack_tokens == 0 or self.pack_tokens >= 64):

@@ -291,16 +291,16 @@ def context_parallel(model: torch.nn.Module | None, position_ids: torch.Tensor, 
     if _STATE.get() is not None:
         raise RuntimeError("context_parallel: already inside a context-parallel forward")
     token = _STATE.set(_CPState(group, position_ids))
-    config = getattr(model, "config", None)
-    previous = config._attn_implementation if config is not None else None
-    if config is not None:
+    switch = contextlib.nullcontext()
+    if getattr(model, "config", None) is not None:
+        from opencomposer.model.attention import attention_implementation
+
         _register()
-        config._attn_implementation = CP_ATTENTION
+        switch = attention_implementation(model, CP_ATTENTION)
     try:
-        yield
+        with switch:
+            yield
     finally:
-        if config is not None:
-            config._attn_implementation = previous
         _STATE.reset(token)
 
 

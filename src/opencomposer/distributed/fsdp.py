@@ -11,8 +11,9 @@ rather than writing ``torch.distributed.checkpoint`` shards: the weights go into
 Face folder and Adam's state into the same ``trainer.pt``, keyed by parameter index exactly as a
 single process's ``optimizer.state_dict()`` is, so a run checkpointed at one world size resumes
 at any other and every tool that reads a checkpoint keeps working. The cost is that rank 0 holds
-one full copy in CPU memory while writing; sharded (DCP) checkpoints are the step beyond this
-for models that do not fit one host's memory (docs/distributed.md).
+one full copy in CPU memory while writing. ``save_sharded_optimizer`` / ``load_sharded_optimizer``
+write and read Adam's state shard by shard with ``torch.distributed.checkpoint`` instead
+(``trainer.optimizer_checkpoint = "sharded"``, docs/distributed.md).
 
 **Expert parallelism** (``World.ep > 1``) takes FSDP's place: ``shard_model`` keeps this rank's
 block of every MoE layer's experts (``distributed.expert.shard_experts``) and every other weight
@@ -95,8 +96,12 @@ def full_model_state(model: torch.nn.Module, world: World) -> dict[str, torch.Te
         from opencomposer.distributed.expert import full_state_dict
 
         state = full_state_dict(model)  # every rank takes part in the gathers (experts, then FSDP's)
-        state = {k: _whole(v).cpu() for k, v in state.items()}
-        return state if world.main else {}
+        whole = {}
+        for key, value in state.items():
+            value = _whole(value)  # collective for FSDP's shards; only rank 0 keeps the result
+            if world.main:
+                whole[key] = value.cpu()
+        return whole
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_full_options())
@@ -115,6 +120,8 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
         return optimizer.state_dict()
     if world.ep > 1:
         return _ep_optimizer_state(model, optimizer, world)
+    if not optimizer.state:  # no update yet (every rank alike): the helper below would step Adam to make one
+        return optimizer.state_dict() if world.main else {}
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     by_name = get_optimizer_state_dict(model, optimizer, options=_full_options())
@@ -145,6 +152,9 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
         return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+    if world.broadcast(None if not world.main else state is not None and not state["state"]):
+        optimizer.state.clear()  # saved before any update: nothing to load (and no helper to step Adam)
+        return
     by_name: dict[str, Any] = {}
     if world.main:
         if state is None:
@@ -160,6 +170,10 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     set_optimizer_state_dict(model, optimizer, by_name, options=_full_options(broadcast_from_rank0=True))
 
 
+NO_OPTIMIZER_STATE = "EMPTY"
+"""The file a sharded optimizer checkpoint holds instead of shards when Adam had taken no step."""
+
+
 def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path,
                            world: World) -> None:
     """Write the optimizer's state into ``folder`` with ``torch.distributed.checkpoint``: each rank its
@@ -170,6 +184,11 @@ def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
 
     if world.ep > 1:
         raise ValueError("sharded optimizer checkpoints: expert-parallel shards are not supported (use the full format)")
+    if not optimizer.state:  # no update yet: the state helpers would step Adam once to make one
+        if world.main:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            Path(folder, NO_OPTIMIZER_STATE).write_text("Adam had taken no step: nothing to restore\n")
+        return
     state = get_optimizer_state_dict(model, optimizer)
     with _one_process_is_meant():
         dcp.save({"optimizer": state}, checkpoint_id=str(folder), no_dist=not world.distributed)
@@ -178,18 +197,30 @@ def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
 def load_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path,
                            world: World) -> None:
     """Load a state written by ``save_sharded_optimizer`` at any world size into this rank's shard
-    of the optimizer (collective, like the save)."""
+    of the optimizer (collective, like the save). Parameters the saved optimizer held no state for
+    (never updated: MTP layers during RL) get none here either."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     if world.ep > 1:
         raise ValueError("sharded optimizer checkpoints: expert-parallel shards are not supported (use the full format)")
+    if Path(folder, NO_OPTIMIZER_STATE).is_file():
+        optimizer.state.clear()
+        return
     if not Path(folder, ".metadata").is_file():
         raise FileNotFoundError(f"{folder}: no sharded optimizer checkpoint here (its .metadata file is missing)")
-    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill, initialised
+    prefix = "optimizer.state."
+    saved = {key[len(prefix):].rsplit(".", 1)[0]
+             for key in FileSystemReader(str(folder)).read_metadata().state_dict_metadata if key.startswith(prefix)}
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill: every parameter's
     with _one_process_is_meant():
-        dcp.load(state, checkpoint_id=str(folder), no_dist=not world.distributed)
+        dcp.load(state, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=True),
+                 no_dist=not world.distributed)
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    for name, parameter in model.named_parameters():
+        if name not in saved:
+            optimizer.state.pop(parameter, None)
 
 
 @contextlib.contextmanager
@@ -274,8 +305,10 @@ def _ep_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     out = {"state": {}, "param_groups": state["param_groups"]}
     for index, slots in sorted(state["state"].items()):
         group = groups.get(names[index])
-        out["state"][index] = {slot: gather_experts(value, group).cpu() if group is not None and value.dim() else
-                               _whole(value).cpu() for slot, value in slots.items()}  # FSDP shards: ep_fsdp
+        gathered = {slot: gather_experts(value, group) if group is not None and value.dim() else _whole(value)
+                    for slot, value in slots.items()}  # _whole: FSDP's shards under ep_fsdp
+        if world.main:
+            out["state"][index] = {slot: value.cpu() for slot, value in gathered.items()}
     return out if world.main else {}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from opencomposer.config.inference import InferenceConfig
 from opencomposer.config.section import ConfigError
+from opencomposer.model.attention import restore_attention
 from opencomposer.protocols import Engine
 
 
@@ -34,7 +35,7 @@ def make_engine(config: Any, model: Any, tokenizer: Any, *, policy_version: int 
     if backend == "local":
         from opencomposer.inference.local import LocalEngine
 
-        engine_model = copy.deepcopy(model).eval() if copy_model else model
+        engine_model = restore_attention(copy.deepcopy(model)).eval() if copy_model else model
         local_options.setdefault("prefix_cache_tokens", inference.prefix_cache_tokens)
         return LocalEngine(engine_model, tokenizer, policy_version=policy_version, **local_options)
     numerics = getattr(getattr(config, "numerics", None), "recipe", "bf16")

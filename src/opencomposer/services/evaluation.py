@@ -19,6 +19,7 @@ import torch
 from opencomposer.config import Config
 from opencomposer.inference.batching import BatchingEngine
 from opencomposer.inference.factory import make_engine
+from opencomposer.model.attention import restore_attention
 from opencomposer.numerics.convert import convert_model
 from opencomposer.types import Task
 
@@ -28,7 +29,7 @@ class EvaluationService:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, config: Config, tasks: list[Task],
                  load: Callable[[int], dict[str, torch.Tensor]], grader: Callable[..., Any]):
-        engine_model = copy.deepcopy(model).eval()
+        engine_model = restore_attention(copy.deepcopy(model)).eval()
         convert_model(engine_model, config.numerics)  # as the trainer's policy (a no-op on a converted copy)
         self.engine = make_engine(config, engine_model, tokenizer, for_training=True)  # [inference] backend
         self.batcher = BatchingEngine(self.engine)

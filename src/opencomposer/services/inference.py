@@ -26,6 +26,7 @@ import torch
 
 from opencomposer.inference.batching import BatchingEngine, BatchingSession
 from opencomposer.inference.factory import make_engine
+from opencomposer.model.attention import restore_attention
 from opencomposer.services.faults import EngineDied, FaultPlan, fire
 from opencomposer.types import Completion, SamplingParams
 
@@ -66,7 +67,7 @@ class InferenceService:
         self.faults = faults
         self.restarts = 0
         self._lock = threading.Lock()
-        self.batcher = self._build(copy.deepcopy(model).eval(), version)
+        self.batcher = self._build(restore_attention(copy.deepcopy(model)).eval(), version)
 
     def _build(self, model: torch.nn.Module, version: int) -> BatchingEngine:
         engine: Any = make_engine(self.inference, model, self.tokenizer, policy_version=version, for_training=True)
@@ -96,7 +97,7 @@ class InferenceService:
         with self._lock:
             if self.batcher is dead:
                 state_dict, version = self.weights()
-                model = copy.deepcopy(self.template).eval()
+                model = restore_attention(copy.deepcopy(self.template)).eval()
                 model.load_state_dict(state_dict)
                 self.batcher = self._build(model, version)
                 self.restarts += 1

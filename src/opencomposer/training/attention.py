@@ -11,7 +11,10 @@ model to ``opencomposer_packed`` instead (registered with transformers' ``Attent
 the model's ``config._attn_implementation`` is restored on exit), which runs
 ``scaled_dot_product_attention`` with ``is_causal`` on each document's slice, the way variable-length
 flash attention does on GPUs: Σ nᵢ² scores, no mask built. transformers builds no mask for an
-implementation it does not know, so nothing else changes.
+implementation it does not know, so nothing else changes. Only ``sdpa`` and ``eager`` are replaced
+(``REPLACED``); a model on flash attention keeps it (its variable-length kernels read the packed
+position ids themselves). The switch is ``model.attention.attention_implementation``, which a
+copy taken mid-forward can undo (``model.attention.restore_attention``).
 
 Document boundaries are where a row's position ids do not continue by one (transformers' own
 rule, ``distributed.context.document_ids``); right padding continues the last document's ids, so it
@@ -80,17 +83,27 @@ def _register() -> None:
         AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)
 
 
+REPLACED = ("sdpa", "eager")
+"""The implementations ``packed_attention`` stands in for: those for which transformers would build
+a dense mask. Any other (flash attention's variable-length kernels, which read packed position
+ids themselves, or a custom one) is left as it is."""
+
+
 @contextlib.contextmanager
 def packed_attention(model: torch.nn.Module, position_ids: torch.Tensor) -> Iterator[None]:
     """Run ``model``'s cache-free forwards inside with per-document attention over the rows whose
-    position ids are ``position_ids`` ``[rows, T]`` (module doc)."""
-    config = model.config
-    previous = config._attn_implementation
+    position ids are ``position_ids`` ``[rows, T]`` (module doc), when the model attends with
+    ``sdpa`` or ``eager``; otherwise leave its own implementation on."""
+    from opencomposer.model.attention import attention_implementation
+
+    config = getattr(model, "config", None)
+    if config is None or config._attn_implementation not in REPLACED:
+        yield
+        return
     _register()
     token = _SPANS.set(document_spans(position_ids))
-    config._attn_implementation = PACKED_ATTENTION
     try:
-        yield
+        with attention_implementation(model, PACKED_ATTENTION):
+            yield
     finally:
-        config._attn_implementation = previous
         _SPANS.reset(token)

@@ -102,11 +102,20 @@ def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX,
 
 @functools.cache
 def per_row_logits() -> bool:
-    """Whether the installed transformers takes a ``[rows, seq]`` boolean ``logits_to_keep`` (its
-    ``slice_logits_to_keep``): logits at exactly the positions each row scores."""
+    """Whether the installed transformers takes a ``[rows, seq]`` boolean ``logits_to_keep``
+    (logits at exactly the positions each row scores): its ``slice_logits_to_keep`` is asked to
+    keep two marked positions of a small tensor and must return those two."""
     import transformers.modeling_utils
 
-    return hasattr(transformers.modeling_utils, "slice_logits_to_keep")
+    slicer = getattr(transformers.modeling_utils, "slice_logits_to_keep", None)
+    if slicer is None:
+        return False
+    hidden = torch.arange(12.0).view(2, 3, 2)
+    keep = torch.tensor([[False, True, False], [False, False, True]])
+    try:
+        return torch.equal(slicer(hidden, keep), hidden[keep])
+    except Exception:  # an older slicer that reads a 2-D tensor another way
+        return False
 
 
 def scored_positions(batch: TrainBatch) -> torch.Tensor:
@@ -176,7 +185,7 @@ def token_logprobs(
             # from the first of them (a packed row holds prompts and tool outputs after it)
             keep = scored_positions(batch).to(device) if packed else None
             if per_row_logits():
-                keep = batch.loss_mask.bool().to(device)
+                keep = batch.loss_mask.to(device, torch.bool, copy=True)
                 if not keep.any():
                     keep[:, -1] = True
             documents = packed_attention(model, position_ids) if packed else contextlib.nullcontext()

@@ -23,9 +23,9 @@ prompt and tool list) once.
 **Sequence packing** (``pack_rows``; ``rl.pack_tokens``, ``sft.pack_tokens``): several segments
 share one batch row, first-fit by decreasing length into rows of at most ``pack_tokens``
 positions, so a step of mixed lengths pads far less. Each segment keeps its own position ids
-(restarting at 0), which the forward turns into a block-diagonal causal mask: no position attends
-to another segment (transformers' packed-sequence path; ``distributed.context.document_ids`` under
-context parallelism), so every token's log-probability is the one it has in a row of its own
+(restarting at 0), from which the forward attends inside each segment only
+(``training.attention.packed_attention``; ``distributed.context.document_ids`` under context
+parallelism), so every token's log-probability is the one it has in a row of its own
 (``tests/training/test_sequence_packing.py``). ``segment_ids`` numbers the segments of a row;
 ``episode_ids``, advantages and the per-token arrays stay per segment. A packed micro-batch runs
 without the shared-prefix forward (its rows share no prefix beyond their first segment).
