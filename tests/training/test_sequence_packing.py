@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from opencomposer.config import Config, ConfigError, RLConfig, load_recipe
-from opencomposer.rl.step import train_step
 from opencomposer.rl.trainer import Trainer
 from opencomposer.training.forward import token_logprobs
 from opencomposer.training.packing import (
@@ -29,6 +28,7 @@ from opencomposer.training.packing import (
     unpack,
 )
 from opencomposer.types import Group, Task
+from tests.rl.test_trainer import sgd_update
 from tests.training.test_forward import SMALL
 
 
@@ -199,16 +199,6 @@ def small_policy(tiny_tokenizer):
     from opencomposer.model.loading import load_model
 
     return load_model(SMALL, tiny_tokenizer, seed=5)
-
-
-def sgd_update(model, batches, config: RLConfig) -> dict[str, torch.Tensor]:
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), batches, config)
-    delta = {n: p.detach() - before[n] for n, p in model.named_parameters()}
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(before[n])
-    return delta
 
 
 @pytest.mark.parametrize("loss", ["composer", "grpo", "dr_grpo"])
