@@ -5,7 +5,8 @@ throughput does not depend on the policy's quality much) runs as
 
 1. ``rl.mode = "sync"`` (``rl.loop``: sampling waits for training and training for sampling);
 2. ``rl.mode = "async"`` with ``rl.max_staleness`` 1 and 2 (embedded services: environment
-   workers sample the next steps' groups while the trainer trains);
+   workers sample the next steps' groups while the trainer trains), with the sampler as a thread
+   of the trainer's process and as a process of its own (``services.inference_process``);
 3. the Ray backend with two environment workers at staleness 1 (``--no-ray`` skips it).
 
 Each configuration's rate is B × steps / wall seconds of the steps (set-up excluded: the first
@@ -13,6 +14,7 @@ train row's timestamp minus its step time marks the start), and the table gives 
 synchronous one. verl reports 1.72x and AReaL 2.77x for asynchronous over synchronous RL on GPUs.
 
     .venv/bin/python benchmarks/async_rl.py [--steps 6 --batch-tasks 4 --group-size 8 --no-ray]
+                                            [--rounds 3] [--only sync 'async process stal. 1']
 
 Results are printed and written to benchmarks/results/async_rl.json.
 """
@@ -71,6 +73,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray backend")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every configuration this many times, interleaved; report the median")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="only these configurations (with 'sync')")
     args = parser.parse_args()
     base = ["model.path=", f"rl.steps={args.steps}", f"rl.batch_tasks={args.batch_tasks}",
             f"rl.group_size={args.group_size}", "rl.eval_every=0", f"sampling.max_new_tokens={args.max_new_tokens}",
@@ -79,18 +84,33 @@ def main() -> None:
         "sync": ["rl.mode=sync"],
         "async staleness 1": ["rl.mode=async", "rl.max_staleness=1"],
         "async staleness 2": ["rl.mode=async", "rl.max_staleness=2"],
+        "async process stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.inference_process=true"],
+        "async process stal. 2": ["rl.mode=async", "rl.max_staleness=2", "services.inference_process=true"],
     }
     if not args.no_ray:
         configs["ray, 2 workers, stal. 1"] = ["rl.mode=async", "rl.max_staleness=1", "services.backend=ray",
                                               "services.env_workers=2"]
+    if args.only:
+        unknown = sorted(set(args.only) - set(configs))
+        if unknown or "sync" not in args.only:
+            parser.error(f"--only takes names from {sorted(configs)} and must include 'sync'; got {unknown or args.only}")
+        configs = {name: overrides for name, overrides in configs.items() if name in args.only}
     results: dict[str, object] = {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0], **vars(args)}
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, overrides) in enumerate(configs.items()):
-            results[name] = measure(name, f"run{i}", overrides, base, Path(tmp))
-    sync_rate = results["sync"]["groups_per_minute"]
+        for r in range(args.rounds):  # rounds interleave the configurations: drifting load hits them alike
+            for i, (name, overrides) in enumerate(configs.items()):
+                rounds[name].append(measure(name, f"run{r}-{i}", overrides, base, Path(tmp)))
+    for name, measured in rounds.items():
+        # the round with the median rate, and every round's rate
+        results[name] = {**sorted(measured, key=lambda m: m["groups_per_minute"])[len(measured) // 2],
+                         "rounds_groups_per_minute": [m["groups_per_minute"] for m in measured]}
     for name in configs:
-        results[name]["vs_sync"] = results[name]["groups_per_minute"] / sync_rate
-        print(f"{name:>24}: {results[name]['vs_sync']:.2f}x sync")
+        ratios = [m / s for m, s in zip(results[name]["rounds_groups_per_minute"],
+                                        results["sync"]["rounds_groups_per_minute"], strict=True)]
+        results[name]["vs_sync"] = results[name]["groups_per_minute"] / results["sync"]["groups_per_minute"]
+        results[name]["rounds_vs_sync"] = ratios
+        print(f"{name:>24}: {results[name]['vs_sync']:.2f}x sync (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -22,13 +22,9 @@ from opencomposer.rl.trainer import Trainer
 from opencomposer.sandbox import Sandbox
 from opencomposer.services.environments import EnvWorker
 from opencomposer.services.evaluation import EvaluationService
-from opencomposer.services.inference import InferenceService, ServiceSession
-from opencomposer.services.ray_backend import (
-    EvaluationClient,
-    RemoteEnvWorker,
-    RemoteInference,
-    RemoteSession,
-)
+from opencomposer.services.inference import InferenceService, RemoteInference, RemoteSession, ServiceSession
+from opencomposer.services.inference_process import InferenceProcess
+from opencomposer.services.ray_backend import EvaluationClient, RayInference, RemoteEnvWorker
 
 IMPLEMENTATIONS = [
     (protocols.Engine, LocalEngine, ["generate", "load_weights"]),
@@ -45,6 +41,8 @@ IMPLEMENTATIONS = [
     (protocols.TrainerService, Trainer, ["score", "train", "publish"]),
     (protocols.EvaluationService, EvaluationService, ["submit", "poll", "close"]),
     (protocols.InferenceService, RemoteInference, ["session", "load_weights"]),
+    (protocols.InferenceService, RayInference, ["session", "load_weights"]),
+    (protocols.InferenceService, InferenceProcess, ["session", "load_weights"]),
     (protocols.Engine, RemoteSession, ["generate", "load_weights"]),
     (protocols.EnvironmentWorker, RemoteEnvWorker, ["start", "close"]),
     (protocols.EvaluationService, EvaluationClient, ["submit", "poll", "close"]),

@@ -5,6 +5,7 @@ its bound; every injected fault leaves a finished run with the exactly-once reco
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -42,19 +43,34 @@ def assert_exactly_once(run_dir: Path, tasks: int) -> None:
     assert all(r["status"] in ("trained", "dropped") for r in record(run_dir))
 
 
+def assert_exited(pid: int, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still runs {within_s} s after the run ended")
+
+
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(run_dir / f"checkpoints/step-{step:06d}/model/model.safetensors")
 
 
-def test_staleness_zero_reproduces_the_synchronous_loop(tmp_path: Path):
+@pytest.mark.parametrize("process", [False, True], ids=["threads", "inference-process"])
+def test_staleness_zero_reproduces_the_synchronous_loop(tmp_path: Path, process: bool):
+    """Also with the sampler in a child process of its own (``services.inference_process``):
+    built from the run's saved ``initial`` folder and the weight store, it samples the same tokens."""
     from opencomposer.rl.loop import run_rl
     from opencomposer.services.async_rl import run_async
 
     steps = ["rl.steps=2", "rl.checkpoint_every=2"]
     sync = run_rl(config_for(tmp_path, "sync", *steps), progress=False).run_dir
-    asyn = run_async(config_for(tmp_path, "async", *steps, "rl.mode=async", "rl.max_staleness=0"),
+    asyn = run_async(config_for(tmp_path, "async", *steps, "rl.mode=async", "rl.max_staleness=0",
+                                f"services.inference_process={str(process).lower()}"),
                      progress=False).run_dir
     for step in (1, 2):
         path = Path("rollouts") / f"step-{step:06d}.jsonl"
@@ -84,9 +100,11 @@ def test_staleness_one_samples_ahead_within_the_bound(tmp_path: Path):
     assert not list((run_dir / "groups").glob("*.pkl"))  # every group checkpoint consumed
 
 
-def test_faults_leave_a_finished_run_and_an_exactly_once_record(tmp_path: Path):
+@pytest.mark.parametrize("process", [False, True], ids=["threads", "inference-process"])
+def test_faults_leave_a_finished_run_and_an_exactly_once_record(tmp_path: Path, process: bool):
     """A worker killed mid-episode, a grader that crashes, a sandbox that hangs and an inference
-    engine that dies, all in one run."""
+    engine that dies, all in one run. With ``services.inference_process`` the engine's death is
+    the child process killed with SIGKILL; a new one starts at the newest version."""
     from opencomposer.services.async_rl import run_async
     from opencomposer.services.faults import Fault, FaultPlan
 
@@ -98,7 +116,7 @@ def test_faults_leave_a_finished_run_and_an_exactly_once_record(tmp_path: Path):
     ])
     config = config_for(tmp_path, "faults", "rl.steps=2", "rl.mode=async", "rl.max_staleness=1",
                         "services.worker_timeout_s=1.5", "services.heartbeat_s=0.25",
-                        "services.episode_timeout_s=12")
+                        "services.episode_timeout_s=12", f"services.inference_process={str(process).lower()}")
     runs = []
     started = time.monotonic()
     try:
@@ -113,6 +131,9 @@ def test_faults_leave_a_finished_run_and_an_exactly_once_record(tmp_path: Path):
     last = train_rows(run_dir)[-1]
     assert last["groups_reassigned"] == 1 and last["inference_restarts"] == 1
     assert_exactly_once(run_dir, 4)
+    if process:
+        assert run.services.process.process_restarts == 1
+        assert_exited(run.services.process.pid)  # the run stopped the child it restarted
     # the injected failures were retried, never scored: every trained episode ended normally
     for path in sorted((run_dir / "rollouts").glob("*.jsonl")):
         for line in path.read_text().splitlines():

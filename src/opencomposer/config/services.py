@@ -17,6 +17,11 @@ class ServicesConfig(Section):
     """``embedded``: the services are threads of one process (the default; a laptop). ``ray``:
     inference, environment workers and evaluation are Ray actors and ready groups travel through
     the object store; the trainer is the driver (``services.ray_backend``; the ``ray`` extra)."""
+    inference_process: bool = False
+    """Embedded backend: run the inference service in a child process of its own
+    (``services.inference_process``) instead of a thread beside the trainer, so that sampling and
+    training do not share one interpreter; the environment workers stay threads. False keeps
+    everything in one process. The Ray backend always runs inference in an actor."""
     env_workers: int = 0
     """Environment workers: groups rolled out at once, each worker running the G episodes of one
     task (sandbox, agent loop, grading). 0: ``rl.batch_tasks``, one step's worth."""
@@ -56,6 +61,11 @@ class ServicesConfig(Section):
             raise ConfigError(
                 f"services.heartbeat_s ({self.heartbeat_s}) must be > 0 and below services.worker_timeout_s "
                 f"({self.worker_timeout_s})"
+            )
+        if self.inference_process and self.backend != "embedded":
+            raise ConfigError(
+                "services.inference_process: applies to the embedded backend; services.backend = "
+                f"\"{self.backend}\" runs inference in an actor of its own already"
             )
         if self.episode_timeout_s < 0:
             raise ConfigError(f"services.episode_timeout_s: must be >= 0 (0 = none), got {self.episode_timeout_s}")

@@ -60,14 +60,23 @@ log = logging.getLogger(__name__)
 
 
 class EmbeddedServices:
-    """Inference, environment workers and evaluation as threads of this process."""
+    """Inference, environment workers and evaluation as threads of this process; with
+    ``services.inference_process``, inference runs in a child process (module ``services.inference_process``)."""
 
     def __init__(self, run: AsyncRLRun):
         from opencomposer.services.inference import InferenceService
 
         self.run = run
-        self.inference = InferenceService(run.model, run.tokenizer, run.state.step, run.published_weights,
-                                          faults=run.faults, inference=run.config)
+        self.process = None
+        if run.config.services.inference_process:
+            from opencomposer.services.inference_process import InferenceProcess
+
+            self.process = InferenceProcess(str(run.run_dir / "initial"), run.config, run.store.url,
+                                            run.state.step, run.tokenizer, faults=run.faults)
+            self.inference: Any = self.process
+        else:
+            self.inference = InferenceService(run.model, run.tokenizer, run.state.step, run.published_weights,
+                                              faults=run.faults, inference=run.config)
         self.evaluation = None
         if run.heldout:
             from opencomposer.services.evaluation import EvaluationService
@@ -79,7 +88,9 @@ class EmbeddedServices:
         from opencomposer.services.environments import EnvWorker
 
         run = self.run
-        return EnvWorker(worker_id, self.inference, run.tokenizer, run.config, grader=run.grader, faults=run.faults,
+        # in the inference process, a worker's sessions are named after it
+        inference = self.process.for_owner(f"env-{worker_id}") if self.process else self.inference
+        return EnvWorker(worker_id, inference, run.tokenizer, run.config, grader=run.grader, faults=run.faults,
                          on_grading=run.reconciler.grading)
 
     @property
@@ -89,6 +100,8 @@ class EmbeddedServices:
     def shutdown(self) -> None:
         if self.evaluation is not None:
             self.evaluation.close()
+        if self.process is not None:
+            self.process.close()
 
 
 class AsyncRLRun(RLRun):

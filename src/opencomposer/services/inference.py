@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -142,3 +144,175 @@ class ServiceSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The service in another process (a Ray actor, or the embedded backend's child process)
+
+
+def set_threads(threads: int) -> None:
+    """In a service's own process: the recipe's torch threads (``run.threads``; 0 keeps the default)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def load_policy(folder: str, config: Any) -> tuple[torch.nn.Module, Any]:
+    """In a service's own process: the model and tokenizer saved in ``folder`` (the run's
+    ``initial``), on CPU, converted to the ``[numerics]`` format as ``RLRun`` converts the policy
+    that the in-process services copy (the state dict is the same either way)."""
+    from opencomposer.config import ModelConfig
+    from opencomposer.model.loading import load_model
+    from opencomposer.numerics.convert import convert_model
+
+    model, tokenizer = load_model(ModelConfig(kind="hf", path=folder, dtype=config.model.dtype), device="cpu")
+    convert_model(model, config.numerics)
+    return model, tokenizer
+
+
+class InferenceHost:
+    """An ``InferenceService`` serving callers in other processes (the Ray inference actor, the
+    embedded backend's inference process). It builds the policy from the run's ``initial`` folder
+    and takes every version from the weight store at ``store_url`` (no weights travel with the
+    calls); ``version`` None starts at the newest published one (a restart). Sessions are named by
+    their callers and grouped by owner (an environment worker), so a dead worker's sessions can be
+    closed for it; a name it does not know (opened before a restart of this process) opens now."""
+
+    def __init__(self, folder: str, config: Any, store_url: str, version: int | None):
+        from opencomposer.services.weights import WeightStore
+
+        set_threads(config.run.threads)
+        model, tokenizer = load_policy(folder, config)
+        self.store = WeightStore(store_url)
+        self.subscriber = self.store.subscribe()
+        version = self.store.latest() if version is None else version
+        model.load_state_dict(self.subscriber.update(version))
+        self.service = InferenceService(model, tokenizer, version, self._newest, inference=config)
+        self._loading = threading.Lock()  # the subscriber
+        self._lock = threading.Lock()  # the fields below
+        self._sessions: dict[str, ServiceSession] = {}  # session id → its session
+        self._owned: dict[str, set[str]] = {}  # owner → its open session ids
+        self._closed_owners: set[str] = set()
+
+    def _newest(self) -> tuple[dict[str, torch.Tensor], int]:
+        version = self.store.latest()
+        return self.store.load(version), version
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def max_positions(self) -> int:
+        return self.service.max_positions
+
+    def policy_version(self) -> int:
+        return self.service.policy_version
+
+    def restarts(self) -> int:
+        """Engine restarts inside this process."""
+        return self.service.restarts
+
+    def load_version(self, version: int) -> None:
+        """Move to ``version`` from the weight store (the deltas since the subscriber's version),
+        switching in flight; a version it already serves is a no-op."""
+        with self._loading:
+            self.subscriber.load_into(self.service, version)
+
+    def _session(self, owner: str, session_id: str) -> ServiceSession:
+        with self._lock:
+            if owner in self._closed_owners:
+                raise RuntimeError(f"inference session {session_id}: its worker {owner} was declared dead")
+            session = self._sessions.get(session_id)
+            if session is None:
+                session = self._sessions[session_id] = self.service.session()
+                self._owned.setdefault(owner, set()).add(session_id)
+            return session
+
+    def open_session(self, owner: str, session_id: str) -> None:
+        self._session(owner, session_id)
+
+    def generate(self, owner: str, session_id: str, prompts: list[list[int]], params: SamplingParams,
+                 n: int) -> list[Completion]:
+        completions = self._session(owner, session_id).generate(prompts, params, n)
+        if owner in self._closed_owners:  # closed while it generated: it must not hold the batcher
+            self.close_session(session_id)
+        return completions
+
+    def close_session(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            for owned in self._owned.values():
+                owned.discard(session_id)
+        if session is not None:
+            session.close()
+
+    def close_owner(self, owner: str) -> None:
+        """Close every session of ``owner`` (a worker declared dead cannot close its own), so the
+        batcher stops waiting for them, and refuse any it still sends."""
+        with self._lock:
+            self._closed_owners.add(owner)
+            owned = self._owned.pop(owner, set())
+        for session_id in owned:
+            self.close_session(session_id)
+
+
+class RemoteInference:
+    """An ``InferenceHost`` in another process as this one sees it: an ``InferenceService``
+    (``protocols``) whose sessions and weight loads are calls through ``call(method, *args)``
+    (a Ray call, a call to the inference process). ``owner`` names the caller's sessions (an
+    environment worker's, or the trainer's)."""
+
+    def __init__(self, call: Callable[..., Any], owner: str, tokenizer: Any):
+        self.call, self.owner, self.tokenizer = call, owner, tokenizer
+        self._max_positions: int | None = None
+
+    @property
+    def max_positions(self) -> int:
+        if self._max_positions is None:
+            self._max_positions = self.call("max_positions")
+        return self._max_positions
+
+    @property
+    def policy_version(self) -> int:
+        return self.call("policy_version")
+
+    def session(self) -> RemoteSession:
+        return RemoteSession(self)
+
+    def for_owner(self, owner: str) -> RemoteInference:
+        """The same host, with sessions named by ``owner`` (an environment worker)."""
+        return RemoteInference(self.call, owner, self.tokenizer)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Switch the host to ``version``, which the trainer has already published: the host reads
+        it from the weight store (``state_dict`` does not travel). Returns once the engine has it
+        (in flight, under a running batch), so the reconciler admits nothing older after it."""
+        self.call("load_version", version)
+
+    @property
+    def restarts(self) -> int:
+        return self.call("restarts")
+
+
+class RemoteSession:
+    """One episode's session over an ``InferenceHost`` (an ``Engine``, as ``ServiceSession``)."""
+
+    def __init__(self, inference: RemoteInference):
+        self.inference = inference
+        self.id = uuid.uuid4().hex
+        self.tokenizer = inference.tokenizer
+        self.max_positions = inference.max_positions
+        # opened now, not at the first turn: the batcher waits for every open session's request
+        inference.call("open_session", inference.owner, self.id)
+
+    @property
+    def policy_version(self) -> int:
+        return self.inference.policy_version
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Completion]:
+        inference = self.inference
+        return inference.call("generate", inference.owner, self.id, prompts, params, n)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.inference.load_weights(state_dict, version)
+
+    def close(self) -> None:
+        self.inference.call("close_session", self.id)

@@ -6,9 +6,9 @@ process: the same attributes and methods (``inference.load_weights``, ``evaluati
 with the same code. The trainer stays in this process (the Ray driver). Each actor hosts the
 embedded backend's own service object, not a second implementation of it:
 
-- **inference**: one threaded actor holding an ``InferenceService`` (``LocalEngine`` behind a
-  ``BatchingEngine``), so the remote ``generate`` calls of every episode of every worker batch
-  together. A new policy version travels through the weight store, not through Ray: the trainer
+- **inference**: one threaded actor holding an ``InferenceHost`` (an ``InferenceService``:
+  ``LocalEngine`` behind a ``BatchingEngine``, as the embedded backend's inference process
+  holds), so the remote ``generate`` calls of every episode of every worker batch together. A new policy version travels through the weight store, not through Ray: the trainer
   publishes it there, and ``inference.load_weights(state_dict, version)`` only tells the actor to
   move its ``Subscriber`` to ``version`` (applying the deltas it lacks) and switch in flight, as
   the embedded service does. The actor restarts if its process dies (``max_restarts``): it comes
@@ -16,7 +16,7 @@ embedded backend's own service object, not a second implementation of it:
   carry their seeds, so an episode never sees the failure (``inference_restarts`` counts these
   restarts, as it counts engine restarts on the embedded backend).
 - **environment workers**: one threaded actor per worker, each holding an ``EnvWorker`` whose
-  inference service is a proxy (``RemoteInference``) making remote calls to the inference actor.
+  inference service is a proxy (``RayInference``) making remote calls to the inference actor.
   A finished ``Group`` goes back through the Ray object store; ``start`` returns a
   ``concurrent.futures.Future`` for it. A daemon thread of this process pings the actor every
   ``services.heartbeat_s``; ``last_beat`` moves only when a ping answers within
@@ -54,17 +54,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
 import ray
-import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from opencomposer.config import Config
+from opencomposer.services.inference import RemoteInference, load_policy, set_threads
 from opencomposer.types import Completion, Group, SamplingParams, Task
 
 log = logging.getLogger(__name__)
@@ -77,25 +76,6 @@ ENV_WORKER_CPUS = 0
 EVALUATION_CPUS = 0
 STARTUP_TIMEOUT_S = 300.0  # an actor's first answer (a new process importing torch on a busy machine)
 CONTROL_CALLS = 4  # inference threads kept for sessions and weights, never held by a generate
-
-
-def _set_threads(threads: int) -> None:
-    """Inside an actor: the recipe's torch threads (``run.threads``; 0 keeps Ray's default)."""
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def _load_policy(folder: str, config: Config) -> tuple[torch.nn.Module, Any]:
-    """Inside an actor: the model and tokenizer saved in ``folder`` (the run's ``initial``), on CPU,
-    converted to the ``[numerics]`` format as ``RLRun`` converts the policy that the embedded
-    services copy (the state dict is the same either way)."""
-    from opencomposer.config import ModelConfig
-    from opencomposer.model.loading import load_model
-    from opencomposer.numerics.convert import convert_model
-
-    model, tokenizer = load_model(ModelConfig(kind="hf", path=folder, dtype=config.model.dtype), device="cpu")
-    convert_model(model, config.numerics)
-    return model, tokenizer
 
 
 def _grader(config: Config) -> Any:
@@ -160,35 +140,20 @@ def owner(worker_id: int) -> str:
 @ray.remote(num_cpus=INFERENCE_CPUS, max_restarts=-1, max_task_retries=-1,
             concurrency_groups={"control": CONTROL_CALLS})
 class InferenceActor:
-    """An ``InferenceService`` in an actor; sessions are named by their callers and grouped by
-    owner (an environment worker), so a dead worker's sessions can be closed for it."""
+    """An ``InferenceHost`` (``services.inference``) in an actor: the generate calls run in the
+    default group, everything else in a group of its own, never stuck behind a batch."""
 
     def __init__(self, folder: str, config: Config, store_url: str, version: int):
-        from opencomposer.services.inference import InferenceService
-        from opencomposer.services.weights import WeightStore
+        from opencomposer.services.inference import InferenceHost
 
-        _set_threads(config.run.threads)
-        model, tokenizer = _load_policy(folder, config)
-        self.store = WeightStore(store_url)
-        self.subscriber = self.store.subscribe()
         if ray.get_runtime_context().was_current_actor_reconstructed:
-            version = self.store.latest()  # a restart serves the newest version, as the embedded service's
-        model.load_state_dict(self.subscriber.update(version))
-        self.service = InferenceService(model, tokenizer, version, self._newest, inference=config)
-        self._loading = threading.Lock()  # the subscriber
-        self._lock = threading.Lock()  # the fields below
-        self._sessions: dict[str, Any] = {}  # session id → ServiceSession
-        self._owned: dict[str, set[str]] = {}  # owner → its open session ids
-        self._closed_owners: set[str] = set()
-
-    def _newest(self) -> tuple[dict[str, torch.Tensor], int]:
-        version = self.store.latest()
-        return self.store.load(version), version
+            version = None  # a restart serves the newest version, as the embedded service's
+        self.host = InferenceHost(folder, config, store_url, version)
 
     @ray.method(concurrency_group="control")
     def max_positions(self) -> int:
         """The model's position limit (answered once the engine is built)."""
-        return self.service.max_positions
+        return self.host.max_positions()
 
     @ray.method(concurrency_group="control")
     def restarts(self) -> int:
@@ -197,117 +162,42 @@ class InferenceActor:
         from ray._private.state import actors
 
         process_restarts = actors(actor_id=ray.get_runtime_context().get_actor_id())["NumRestarts"]
-        return process_restarts + self.service.restarts
+        return process_restarts + self.host.restarts()
 
     @ray.method(concurrency_group="control")
     def policy_version(self) -> int:
-        return self.service.policy_version
+        return self.host.policy_version()
 
     @ray.method(concurrency_group="control")
     def load_version(self, version: int) -> None:
-        """Move to ``version`` from the weight store (the deltas since the subscriber's version),
-        switching in flight."""
-        with self._loading:
-            self.subscriber.load_into(self.service, version)
-
-    def _session(self, owner: str, session_id: str) -> Any:
-        with self._lock:
-            if owner in self._closed_owners:
-                raise RuntimeError(f"inference session {session_id}: its worker {owner} was declared dead")
-            session = self._sessions.get(session_id)
-            if session is None:  # opened now, or before a restart of this actor
-                session = self._sessions[session_id] = self.service.session()
-                self._owned.setdefault(owner, set()).add(session_id)
-            return session
+        self.host.load_version(version)
 
     @ray.method(concurrency_group="control")
     def open_session(self, owner: str, session_id: str) -> None:
-        self._session(owner, session_id)
+        self.host.open_session(owner, session_id)
 
     def generate(self, owner: str, session_id: str, prompts: list[list[int]], params: SamplingParams,
                  n: int) -> list[Completion]:
-        completions = self._session(owner, session_id).generate(prompts, params, n)
-        if owner in self._closed_owners:  # closed while it generated: it must not hold the batcher
-            self.close_session(session_id)
-        return completions
+        return self.host.generate(owner, session_id, prompts, params, n)
 
     @ray.method(concurrency_group="control")
     def close_session(self, session_id: str) -> None:
-        with self._lock:
-            session = self._sessions.pop(session_id, None)
-            for owned in self._owned.values():
-                owned.discard(session_id)
-        if session is not None:
-            session.close()
+        self.host.close_session(session_id)
 
     @ray.method(concurrency_group="control")
     def close_owner(self, owner: str) -> None:
-        """Close every session of ``owner`` (a worker declared dead cannot close its own), so the
-        batcher stops waiting for them, and refuse any it still sends."""
-        with self._lock:
-            self._closed_owners.add(owner)
-            owned = self._owned.pop(owner, set())
-        for session_id in owned:
-            self.close_session(session_id)
+        self.host.close_owner(owner)
 
 
-class RemoteInference:
-    """The inference actor as a process sees it: an ``InferenceService`` (``protocols``) whose
-    sessions and weight loads are remote calls. ``owner`` names the caller's sessions (an
-    environment worker's, or the trainer's)."""
+class RayInference(RemoteInference):
+    """The inference actor as a process sees it (``RemoteInference`` over Ray calls)."""
 
     def __init__(self, actor: Any, owner: str, tokenizer: Any):
-        self.actor, self.owner, self.tokenizer = actor, owner, tokenizer
-        self._max_positions: int | None = None
+        self.actor = actor
+        super().__init__(self._call, owner, tokenizer)
 
-    @property
-    def max_positions(self) -> int:
-        if self._max_positions is None:
-            self._max_positions = _ask(self.actor.max_positions.remote())
-        return self._max_positions
-
-    @property
-    def policy_version(self) -> int:
-        return _ask(self.actor.policy_version.remote())
-
-    def session(self) -> RemoteSession:
-        return RemoteSession(self)
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Switch the actor to ``version``, which the trainer has already published: the actor reads
-        it from the weight store (``state_dict`` does not travel). Returns once the engine has it
-        (in flight, under a running batch), so the reconciler admits nothing older after it."""
-        _ask(self.actor.load_version.remote(version))
-
-    @property
-    def restarts(self) -> int:
-        return _ask(self.actor.restarts.remote())
-
-
-class RemoteSession:
-    """One episode's session over the inference actor (an ``Engine``, as ``ServiceSession``)."""
-
-    def __init__(self, inference: RemoteInference):
-        self.inference = inference
-        self.id = uuid.uuid4().hex
-        self.tokenizer = inference.tokenizer
-        self.max_positions = inference.max_positions
-        # opened now, not at the first turn: the batcher waits for every open session's request
-        _ask(inference.actor.open_session.remote(inference.owner, self.id))
-
-    @property
-    def policy_version(self) -> int:
-        return self.inference.policy_version
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams, n: int = 1) -> list[Completion]:
-        inference = self.inference
-        return _ask(inference.actor.generate.remote(inference.owner, self.id, prompts, params, n))
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.inference.load_weights(state_dict, version)
-
-    def close(self) -> None:
-        _ask(self.inference.actor.close_session.remote(self.id))
+    def _call(self, method: str, *args: Any) -> Any:
+        return _ask(getattr(self.actor, method).remote(*args))
 
 
 def _ask(call: Any) -> Any:
@@ -334,8 +224,8 @@ class EnvWorkerActor:
     def __init__(self, worker_id: int, inference: Any, tokenizer: Any, config: Config):
         from opencomposer.services.environments import EnvWorker
 
-        _set_threads(config.run.threads)
-        remote = RemoteInference(inference, owner(worker_id), tokenizer)
+        set_threads(config.run.threads)
+        remote = RayInference(inference, owner(worker_id), tokenizer)
         self._grading: list[int] = []  # indices whose grading started since the last ping
         self._lock = threading.Lock()
         self.worker = EnvWorker(worker_id, remote, tokenizer, config, grader=_grader(config),
@@ -360,7 +250,7 @@ class RemoteEnvWorker:
     """This process's handle on one environment worker actor: the ``EnvWorker`` interface the
     dispatcher uses (``worker_id``, ``last_beat``, ``start``, ``close``)."""
 
-    def __init__(self, worker_id: int, actor: Any, inference: RemoteInference, config: Config,
+    def __init__(self, worker_id: int, actor: Any, inference: RayInference, config: Config,
                  on_grading: Callable[[int], None], gate: RayGate):
         self.worker_id, self.actor, self.inference = worker_id, actor, inference
         self.heartbeat_s, self.timeout_s = config.services.heartbeat_s, config.services.worker_timeout_s
@@ -445,8 +335,8 @@ class EvaluationActor:
         from opencomposer.services.evaluation import EvaluationService
         from opencomposer.services.weights import WeightStore
 
-        _set_threads(config.run.threads)
-        model, tokenizer = _load_policy(folder, config)
+        set_threads(config.run.threads)
+        model, tokenizer = load_policy(folder, config)
         self.service = EvaluationService(model, tokenizer, config, tasks, WeightStore(store_url).load,
                                          _grader(config))
 
@@ -530,7 +420,7 @@ class RayServices:
                 self.evaluation = EvaluationClient(evaluation)
             with self._lock:
                 self._starting = {i: self._worker_actor(i, inference) for i in range(run.workers_count)}
-            self.inference = RemoteInference(inference, "trainer", run.tokenizer)
+            self.inference = RayInference(inference, "trainer", run.tokenizer)
             ray.get(inference.max_positions.remote(), timeout=STARTUP_TIMEOUT_S)  # its engine is built
         except BaseException:
             self.shutdown()

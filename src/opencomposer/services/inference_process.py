@@ -1,0 +1,143 @@
+"""``services.inference_process = true``: the embedded backend's inference service in a child process.
+
+On the embedded backend the trainer, the sampler and every episode's thread share one
+interpreter: the sampler's decode loop and the trainer's forward and backward take turns at the
+GIL, and the trainer's steps take twice as long as in the synchronous loop (docs/LOG.md,
+2026-12-03, sync vs async throughput). This module moves the sampler out: a child process
+(spawned, so it starts without the trainer's threads) hosts the same ``InferenceHost`` the Ray
+inference actor hosts, built from the run's ``initial`` folder and following the weight store.
+The environment workers stay threads of the trainer's process; their sessions are calls into the
+child over ``multiprocessing.managers``, which gives every calling thread its own connection and
+a serving thread of its own in the child, so the G episodes of a group still batch together.
+
+**Restarts.** A call that finds the child gone (its connection breaks and the process has exited)
+starts a new child at the newest published version and issues the call again, as Ray re-issues a
+call to a restarted actor: the sessions open before it reopen at their next call, with the seeds
+their requests carry, so no episode sees the failure and no group is sampled twice.
+``restarts`` counts process restarts plus engine restarts inside the child.
+
+**Faults.** ``kill_inference`` in a fault plan (``services.faults``) kills the child with SIGKILL
+just before the planned ``generate`` call, so the fault tests exercise a real process death.
+
+**Lifetime.** ``close()`` stops the child; a child whose parent dies (a killed trainer) notices
+within a second and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from multiprocessing.managers import BaseManager
+from typing import Any
+
+from opencomposer.services.faults import FaultPlan, fire
+from opencomposer.services.inference import InferenceHost, RemoteInference
+
+log = logging.getLogger(__name__)
+
+# What a call sees when the child is gone: the connection ends (EOF) or breaks
+# (BrokenPipeError, ConnectionResetError, ConnectionRefusedError).
+LOST = (EOFError, ConnectionError)
+EXIT_WAIT_S = 5.0  # how long a broken connection waits for the child's exit before calling it alive
+MAX_RESTARTS_PER_CALL = 3
+
+
+class _Manager(BaseManager):
+    pass
+
+
+_Manager.register("InferenceHost", InferenceHost)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In the child, before it serves: exit when the parent process is gone (a killed trainer
+    never calls ``close``)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+class InferenceProcess(RemoteInference):
+    """The inference service in a child process (see module doc): an ``InferenceService`` whose
+    sessions are owned by ``owner``; ``for_owner`` gives each environment worker a view of the
+    same process under its own name."""
+
+    def __init__(self, folder: str, config: Any, store_url: str, version: int, tokenizer: Any, *,
+                 faults: FaultPlan | None = None, owner: str = "trainer"):
+        self.folder, self.config, self.store_url, self.faults = folder, config, store_url, faults
+        self._lock = threading.Lock()  # the fields below
+        self._closed = False
+        self.process_restarts = 0
+        self.generation = 0  # bumped by each restart, so concurrent callers restart once
+        self._manager, self._host, self._pid = self._start(version)
+        super().__init__(self._call, owner, tokenizer)
+
+    def _start(self, version: int | None) -> tuple[_Manager, Any, int]:
+        manager = _Manager(ctx=multiprocessing.get_context("spawn"))
+        manager.start(initializer=_exit_with_parent, initargs=(os.getpid(),))
+        try:
+            host = manager.InferenceHost(self.folder, self.config, self.store_url, version)
+            return manager, host, host.pid()
+        except BaseException:
+            manager.shutdown()
+            raise
+
+    @property
+    def pid(self) -> int:
+        """The child's process id (the one a restart replaced, until the restart is done)."""
+        return self._pid
+
+    def _call(self, method: str, *args: Any) -> Any:
+        for _ in range(MAX_RESTARTS_PER_CALL):
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the inference process is closed")
+                host, generation, pid = self._host, self.generation, self._pid
+            if method == "generate" and fire(self.faults, "kill_inference"):
+                os.kill(pid, signal.SIGKILL)
+            try:
+                return getattr(host, method)(*args)
+            except LOST as e:
+                if not self._restart(generation, e):
+                    raise
+        raise RuntimeError(f"the inference process died {MAX_RESTARTS_PER_CALL} times under one {method} call")
+
+    def _restart(self, generation: int, error: BaseException) -> bool:
+        """A new child once the current one has exited (unless another caller already made one);
+        False when the run is closing or the child is still alive (the error was something else)."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self.generation != generation:
+                return True
+            process = self._manager._process  # BaseManager's server process
+            process.join(EXIT_WAIT_S)
+            if process.is_alive():
+                return False
+            log.warning("the inference process (pid %d) exited (code %s, seen as %r); restarting it at the "
+                        "newest published version", self._pid, process.exitcode, error)
+            self._manager.shutdown()
+            self._manager, self._host, self._pid = self._start(None)
+            self.generation += 1
+            self.process_restarts += 1
+            return True
+
+    @property
+    def restarts(self) -> int:
+        return self.process_restarts + self._call("restarts")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            manager, self._host = self._manager, None
+        manager.shutdown()

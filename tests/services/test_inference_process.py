@@ -1,0 +1,120 @@
+"""The inference service in a child process (``services.inference_process``): it samples exactly
+what the in-process service samples, follows the weight store, comes back after SIGKILL at the
+newest version, and never outlives the process that started it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from opencomposer.config import Config
+from opencomposer.types import SamplingParams
+
+
+def exited(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def same(a, b) -> None:
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert [c.logprobs for c in a] == [c.logprobs for c in b]
+    assert [c.policy_version for c in a] == [c.policy_version for c in b]
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x.routed_experts, y.routed_experts)
+        assert np.array_equal(x.prompt_routed_experts, y.prompt_routed_experts)
+
+
+def test_the_inference_process_samples_as_the_service_does_and_comes_back_after_a_kill(tmp_path: Path, tiny_moe):
+    import copy
+
+    from opencomposer.model.loading import save_checkpoint
+    from opencomposer.services.inference import InferenceService
+    from opencomposer.services.inference_process import InferenceProcess
+    from opencomposer.services.weights import WeightStore
+
+    model, tokenizer = tiny_moe
+    model = copy.deepcopy(model)
+    save_checkpoint(model, tokenizer, tmp_path / "initial")
+    store = WeightStore(tmp_path / "weights")
+    store.publish({k: v.detach().clone() for k, v in model.state_dict().items()}, 0)
+    config = Config()
+    local = InferenceService(model, tokenizer, 0, lambda: (store.load(store.latest()), store.latest()), inference=config)
+    remote = InferenceProcess(str(tmp_path / "initial"), config, store.url, 0, tokenizer)
+    try:
+        prompts = [tokenizer.encode("def add(a, b):\n"), tokenizer.encode("import os\n")]
+        params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+        assert remote.max_positions == local.max_positions
+        same(remote.session().generate(prompts, params, 2), local.session().generate(prompts, params, 2))
+
+        # a new version: published, then switched to by name (no weights travel to the child)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        store.publish(state, 1)
+        local.load_weights(state, 1)
+        remote.load_weights(state, 1)
+        assert remote.policy_version == 1
+        after = remote.session().generate(prompts, params, 2)
+        same(after, local.session().generate(prompts, params, 2))
+
+        # killed: the next call starts a new child at the newest version and answers the same
+        killed = remote.pid
+        os.kill(killed, signal.SIGKILL)
+        session = remote.for_owner("env-0").session()
+        same(session.generate(prompts, params, 2), after)
+        assert remote.pid != killed and remote.process_restarts == 1 and remote.restarts == 1
+        assert remote.policy_version == 1
+        session.close()
+    finally:
+        remote.close()
+    assert exited(remote.pid, 10.0)
+
+
+def test_the_inference_process_exits_with_a_killed_parent(tmp_path: Path, tiny_moe):
+    """A trainer killed with SIGKILL never calls ``close``; its inference process must not stay."""
+    from opencomposer.model.loading import save_checkpoint
+    from opencomposer.services.weights import WeightStore
+
+    model, tokenizer = tiny_moe
+    save_checkpoint(model, tokenizer, tmp_path / "initial")
+    WeightStore(tmp_path / "weights").publish({k: v.detach().clone() for k, v in model.state_dict().items()}, 0)
+    script = textwrap.dedent(f"""
+        import sys, time
+        from opencomposer.config import Config
+        from opencomposer.model.loading import load_model
+        from opencomposer.config import ModelConfig
+        from opencomposer.services.inference_process import InferenceProcess
+        if __name__ == "__main__":
+            _, tokenizer = load_model(ModelConfig(kind="hf", path={str(tmp_path / "initial")!r}))
+            process = InferenceProcess({str(tmp_path / "initial")!r}, Config(), {str(tmp_path / "weights")!r}, 0,
+                                       tokenizer)
+            print(process.pid, flush=True)
+            time.sleep(600)
+    """)
+    (tmp_path / "parent.py").write_text(script)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        child = int(parent.stdout.readline())
+        assert not exited(child, 0.5)
+        parent.kill()
+        parent.wait()
+        assert exited(child, 10.0), f"the inference process {child} outlived its parent"
+    finally:
+        parent.kill()
