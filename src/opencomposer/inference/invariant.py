@@ -34,6 +34,13 @@ What this module does instead, for the decode steps of Llama/Qwen-style models:
    function of the prompt alone; ``n`` samples of it copy that cache.
 4. **Activations on whole tiles.** ``silu`` runs on tile-padded tensors whose size is a multiple
    of the vector width, so no row sits in a scalar tail.
+5. **Converted models in their format.** A module converted by ``[numerics]`` (``QuantizedLinear``,
+   ``QuantizedExperts``) is followed, not bypassed: a tile's rows are quantised as the module's
+   forward quantises its input (MXFP8 blocks and per-token NVFP4 scales are row-local), the
+   weight is quantised once per weight version, and the dispatch and combine roundings are
+   applied as the module applies them. NVFP4 activations with one scale per tensor depend on
+   every row by definition; the engine does not use this decoder for them
+   (``batch_dependent_format``).
 
 Routing in the MoE layers is computed here too (router logits through ``tiled_linear``, then the
 model's softmax / top-k / renormalisation), and the chosen experts go to the ``RouteRecorder``;
@@ -70,6 +77,8 @@ from torch import nn
 
 from opencomposer.inference.decoders import LeanDecoder, lean_supported
 from opencomposer.model.routing import RouteRecorder
+from opencomposer.numerics.convert import QuantizedExperts
+from opencomposer.numerics.qlinear import NVFP4Spec, QuantizedLinear, combine_round, fake_quantize
 
 TILE = 16
 """Rows per matmul problem: the fastest of 8, 16 and 32 on the tiny MoE (docs/LOG.md, 2026-12-03);
@@ -106,19 +115,70 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return tiled_linear(pad_rows(x), weight, bias)[: x.shape[0]]
 
 
+def batch_dependent_format(model: nn.Module) -> str | None:
+    """Why ``model``'s [numerics] conversion keeps its decode from being batch-invariant, or None.
+
+    A converted module quantises its input per row (MXFP8 blocks run along a row; NVFP4 with one
+    FP32 scale per token) except NVFP4 activations with one scale per tensor, which takes its
+    scale from every row of the call."""
+    for name, module in model.named_modules():
+        if isinstance(module, (QuantizedLinear, QuantizedExperts)):
+            spec = module.recipe.forward_input
+            if isinstance(spec, NVFP4Spec) and spec.scale_granularity != "token":
+                return (f"{name}: NVFP4 activations with one scale per tensor "
+                        "(numerics.nvfp4_activation_scale = \"tensor\") take it from every row of the call")
+    return None
+
+
+def forward_weight(module: nn.Module, name: str) -> torch.Tensor:
+    """``module.<name>`` as a converted module's forward quantiser leaves it ([N, K], or [E, N, K]
+    quantised expert matrix by expert matrix, as ``QuantizedExperts`` does), computed once and kept
+    on the module until the parameter changes (an optimizer step or a weight load bumps its
+    version)."""
+    weight = getattr(module, name)
+    key = (weight._version, weight.data_ptr())
+    cache = module.__dict__.setdefault("_invariant_weights", {})
+    hit = cache.get(name)
+    if hit is None or hit[0] != key:
+        spec = module.recipe.forward_weight
+        with torch.no_grad():
+            if weight.ndim == 3:
+                quantized = torch.stack([fake_quantize(matrix, spec) for matrix in weight])
+            else:
+                quantized = fake_quantize(weight, spec)
+        hit = cache[name] = (key, quantized)
+    return hit[1]
+
+
+def project(x: torch.Tensor, linear: nn.Module) -> torch.Tensor:
+    """``linear(x)`` on tile-padded rows (``pad_rows``), for an ``nn.Linear`` or a converted
+    ``QuantizedLinear``: its input quantised row by row, its weight as its forward leaves it, and
+    the bias added after, as ``numerics.qlinear.quantized_linear`` does."""
+    if isinstance(linear, QuantizedLinear):
+        x = fake_quantize(x, linear.recipe.forward_input)
+        return tiled_linear(x, forward_weight(linear, "weight"), linear.bias)
+    return tiled_linear(x, linear.weight, linear.bias)
+
+
 def dense_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A Llama/Qwen gated MLP, ``down(act(gate(x)) * up(x))``, on [rows, H]."""
     padded = pad_rows(x)
-    gate = tiled_linear(padded, mlp.gate_proj.weight, mlp.gate_proj.bias)
-    up = tiled_linear(padded, mlp.up_proj.weight, mlp.up_proj.bias)
-    return tiled_linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)[: x.shape[0]]
+    gate = project(padded, mlp.gate_proj)
+    up = project(padded, mlp.up_proj)
+    return project(mlp.act_fn(gate) * up, mlp.down_proj)[: x.shape[0]]
 
 
 def sparse_moe(block: nn.Module, x: torch.Tensor, recorder: RouteRecorder | None) -> torch.Tensor:
     """A Qwen3-MoE sparse block on [rows, H]: route, then each expert on its tokens, tiled.
 
-    A token's output is the sum over its top-k slots in slot order, as transformers adds them."""
+    A token's output is the sum over its top-k slots in slot order, as transformers adds them.
+    Converted experts (``QuantizedExperts``) quantise as their forward does: the tokens to MXFP8
+    before dispatch when configured, each matmul's input row by row and its weight per expert
+    matrix, and the expert outputs rounded to BF16 before the combine."""
     router, experts = block.gate, block.experts
+    recipe = experts.recipe if isinstance(experts, QuantizedExperts) else None
+    dispatch = recipe is not None and experts.quantize_dispatch
+    tokens = fake_quantize(x, experts.dispatch_spec) if dispatch else x
     rows, top_k = x.shape[0], router.top_k
     logits = linear_rows(x, router.weight)  # [rows, E]
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
@@ -137,9 +197,19 @@ def sparse_moe(block: nn.Module, x: torch.Tensor, recorder: RouteRecorder | None
             continue
         mine = pairs[start : start + count]
         start += count
-        hidden = tiled_linear(pad_rows(x[mine // top_k]), experts.gate_up_proj[expert])  # [tiles * TILE, 2I]
-        gate, up = hidden.chunk(2, dim=-1)
-        hidden = tiled_linear(experts.act_fn(gate) * up, experts.down_proj[expert])[:count]  # [count, H]
+        inputs = pad_rows(tokens[mine // top_k])  # [tiles * TILE, H]
+        if recipe is None:
+            hidden = tiled_linear(inputs, experts.gate_up_proj[expert])  # [tiles * TILE, 2I]
+            gate, up = hidden.chunk(2, dim=-1)
+            hidden = tiled_linear(experts.act_fn(gate) * up, experts.down_proj[expert])[:count]  # [count, H]
+        else:
+            hidden = tiled_linear(fake_quantize(inputs, recipe.forward_input),
+                                  forward_weight(experts, "gate_up_proj")[expert])
+            gate, up = hidden.chunk(2, dim=-1)
+            hidden = tiled_linear(fake_quantize(experts.act_fn(gate) * up, recipe.forward_input),
+                                  forward_weight(experts, "down_proj")[expert])[:count]
+            if dispatch:
+                hidden = combine_round(hidden)
         out[mine] = hidden * weights[mine]
     return out.view(rows, top_k, -1).sum(dim=1)
 
@@ -229,6 +299,9 @@ class InvariantDecoder:
         experts = getattr(self.layers[0].mlp, "experts", None)
         if experts is not None and (getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False)):
             raise ValueError("batch-invariant decoding expects experts stored [E, out, in] without biases")
+        reason = batch_dependent_format(model)
+        if reason is not None:
+            raise ValueError(f"batch-invariant decoding: {reason}")
         self.apply_rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb
         self.head_dim = attention.head_dim
         self.scaling = attention.scaling
@@ -334,9 +407,9 @@ class InvariantDecoder:
             attn = layer.self_attn
             x = pad_rows(layer.input_layernorm(hidden))
             flat = rows * width
-            q = tiled_linear(x, attn.q_proj.weight, attn.q_proj.bias)[:flat].view(rows, width, -1, self.head_dim)
-            k = tiled_linear(x, attn.k_proj.weight, attn.k_proj.bias)[:flat].view(rows, width, -1, self.head_dim)
-            v = tiled_linear(x, attn.v_proj.weight, attn.v_proj.bias)[:flat].view(rows, width, -1, self.head_dim)
+            q = project(x, attn.q_proj)[:flat].view(rows, width, -1, self.head_dim)
+            k = project(x, attn.k_proj)[:flat].view(rows, width, -1, self.head_dim)
+            v = project(x, attn.v_proj)[:flat].view(rows, width, -1, self.head_dim)
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [rows, heads, T, D]
@@ -344,7 +417,7 @@ class InvariantDecoder:
                 kv.write(k[:, :, t], v[:, t], positions[:, t])
             out = torch.stack([block_attention(q[:, :, t], kv.k, kv.v, positions[:, t] + 1, self.scaling)
                                for t in range(width)], dim=1)  # [rows, T, heads, D]
-            hidden = hidden + linear_rows(out.reshape(flat, -1), attn.o_proj.weight, attn.o_proj.bias)
+            hidden = hidden + project(pad_rows(out.reshape(flat, -1)), attn.o_proj)[:flat]
             x = layer.post_attention_layernorm(hidden)
             if hasattr(layer.mlp, "experts"):
                 hidden = hidden + sparse_moe(layer.mlp, x, self.recorder)

@@ -88,8 +88,9 @@ prefills only the new tokens:
   model still runs the weights it was computed with.)
 - *Where.* Only the batch-invariant decoder (Llama/Qwen-style models, the tiny MoE included)
   prefills prompt by prompt and keeps each row's keys at its own positions, which is what
-  reusing a row's cache takes; ``batch_invariant=False``, converted ([numerics]) models and other
-  architectures (DeepSeek-V3, through ``HFDecoder``) run without it (``prefix_cache`` is None).
+  reusing a row's cache takes; ``batch_invariant=False``, models converted with per-tensor NVFP4
+  activation scales and other architectures (DeepSeek-V3, through ``HFDecoder``) run without it
+  (``prefix_cache`` is None).
 - *Numerics.* Reuse changes rounding, not results: the reused keys and values of a completion
   were written one token at a time by decode steps (fixed-shape tiled matmuls), those of the
   previous prompt by its own prefill, where a fresh prefill would compute all of them in one
@@ -125,11 +126,10 @@ import numpy as np
 import torch
 
 from opencomposer.inference.decoders import HFDecoder, LeanDecoder, lean_supported
-from opencomposer.inference.invariant import InvariantDecoder, Prefix
+from opencomposer.inference.invariant import InvariantDecoder, Prefix, batch_dependent_format
 from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
 from opencomposer.model.routing import RouteRecorder, route_dtype
 from opencomposer.model.tokenizer import stop_token_ids
-from opencomposer.numerics.convert import is_converted
 from opencomposer.types import Completion, SamplingParams
 
 
@@ -352,7 +352,8 @@ class LocalEngine:
         a row's result does not depend on its batch (see module doc); False takes the previous
         decoder, a shared left-padded prefill and ``LeanDecoder`` steps, 4-17% faster
         (docs/LOG.md, 2026-12-03), kept as the benchmark's reference. Other architectures always
-        run through their transformers forward and are not batch-invariant.
+        run through their transformers forward and are not batch-invariant, and so do models
+        converted with NVFP4 activations scaled per tensor (``invariant.batch_dependent_format``).
 
         ``prefix_cache_tokens``: keep the keys and values of up to that many positions of earlier
         calls, so that a prompt extending a previous prompt and completion prefills only its new
@@ -379,8 +380,9 @@ class LocalEngine:
         self.route_shape = (len(routers), int(routers[0].top_k)) if routers else (0, 0)
         self.route_dtype = route_dtype(model)
         self.lean = lean_supported(model)
-        # the invariant decoder reads the weights directly, past [numerics]' converted modules
-        self.batch_invariant = batch_invariant and self.lean and not is_converted(model)
+        # converted ([numerics]) modules are followed by the invariant decoder, except for NVFP4
+        # activations with one scale per tensor, which depend on the batch by definition
+        self.batch_invariant = batch_invariant and self.lean and batch_dependent_format(model) is None
         self._seed_rng = np.random.default_rng()
         # in-flight updates (module doc): the lock guards the two fields below and every copy into
         # the parameters

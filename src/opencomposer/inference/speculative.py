@@ -61,6 +61,7 @@ from opencomposer.inference.invariant import (
 from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
 from opencomposer.model.mtp import apply_rope, mtp_layers, rope, rope_base
 from opencomposer.model.routing import RouteRecorder
+from opencomposer.numerics.convert import is_converted
 from opencomposer.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -74,7 +75,10 @@ def speculative_support(engine: LocalEngine) -> str | None:
                 "[[pretrain.phases]])")
     if not engine.batch_invariant:
         return ("speculative decoding runs on the batch-invariant decoder (Llama/Qwen-style models with "
-                "LocalEngine(batch_invariant=True), no [numerics] conversion)")
+                "LocalEngine(batch_invariant=True))")
+    if is_converted(engine.model):
+        return ("speculative decoding of a [numerics]-converted model is not supported: the MTP draft "
+                "step reads the unquantised weights")
     return None
 
 
