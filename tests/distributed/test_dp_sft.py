@@ -6,6 +6,7 @@ process on the same demonstrations (a tiny Qwen3-MoE, rows of different lengths,
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import pickle
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ def demonstrations() -> list:
     return [episode(rng, 1.0, n_model=int(rng.integers(3, 14))) for _ in range(6)]
 
 
-def _rank(rank: int, cp: int, port: int, folder: str) -> None:
+def _rank(rank: int, cp: int, port: int, folder: str, config: SFTConfig = SFT) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -37,7 +38,7 @@ def _rank(rank: int, cp: int, port: int, folder: str) -> None:
         with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
             model, episodes = pickle.load(f)
         world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank))
-        result = sft(model, TOKENIZER, episodes, SFT, seed=1, progress=False, world=world)
+        result = sft(model, TOKENIZER, episodes, config, seed=1, progress=False, world=world)
         from opencomposer.distributed.fsdp import full_model_state
 
         weights = full_model_state(model, world)
@@ -48,8 +49,10 @@ def _rank(rank: int, cp: int, port: int, folder: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("cp", [1, 2])
-def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, cp):
+@pytest.mark.parametrize(("cp", "micro"), [(1, 0), (2, 0), (1, 64)], ids=["dp2", "cp2", "dp2-micro"])
+def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, cp, micro):
+    """``dp2-micro``: each rank's rows in micro-batches of at most 64 padded positions (gradient
+    accumulation; a rank with fewer runs empty forwards for FSDP)."""
     from opencomposer.model.loading import load_model
     from tests.training.test_forward import SMALL
 
@@ -57,11 +60,12 @@ def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, c
     episodes = demonstrations()
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((copy.deepcopy(model), episodes), f)
-    torch.multiprocessing.spawn(_rank, args=(cp, free_port(), str(tmp_path)), nprocs=2, join=True)
+    config = dataclasses.replace(SFT, micro_batch_tokens=micro)
+    torch.multiprocessing.spawn(_rank, args=(cp, free_port(), str(tmp_path), config), nprocs=2, join=True)
     history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     start = copy.deepcopy(model.state_dict())
-    single = sft(model, TOKENIZER, episodes, SFT, seed=1, progress=False)
+    single = sft(model, TOKENIZER, episodes, SFT, seed=1, progress=False)  # the whole step at once
     assert len(history) == len(single.history) == SFT.steps
     for got, want in zip(history, single.history, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)

@@ -226,6 +226,12 @@ class SFTConfig(Section):
     bf16: bool = False
     """Run the forward under bf16 autocast (parameters and Adam state stay float32). On CPUs with
     AMX or AVX-512 BF16 a step of SmolLM2-135M is ~2-3x faster (docs/LOG.md, issue 17)."""
+    micro_batch_tokens: int = 0
+    """Gradient accumulation: a step's rows go through the model in micro-batches of at most this
+    many padded positions (rows × longest, ``training.packing.micro_batches``; a longer row gets
+    one of its own), each backward adding to the gradient of the whole step, which stays the
+    same. It bounds the activation memory of a step (the logits over a large vocabulary above
+    all); 0 (default) runs the step's rows at once."""
     pack_tokens: int = 0
     """Sequence packing: a step's demonstrations share batch rows of at most this many positions,
     each attending only to itself (``training.packing.pack_rows``), instead of one padded row
@@ -235,6 +241,9 @@ class SFTConfig(Section):
     def validate(self) -> None:
         if not (self.pack_tokens == 0 or self.pack_tokens >= 64):
             raise ConfigError(f"sft.pack_tokens: expected 0 (off) or at least 64, got {self.pack_tokens}")
+        if not (self.micro_batch_tokens == 0 or self.micro_batch_tokens >= 64):
+            raise ConfigError(f"sft.micro_batch_tokens: expected 0 (the whole step at once) or at least 64, "
+                              f"got {self.micro_batch_tokens}")
         if self.demonstrations not in ("oracle", "explore"):
             raise ConfigError(f"sft.demonstrations: expected \"oracle\" or \"explore\", got {self.demonstrations!r}")
         if self.task_family and self.tasks:

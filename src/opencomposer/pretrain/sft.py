@@ -28,7 +28,11 @@ whole batch's model tokens (× N, since FSDP averages gradients), so the step is
 process's. Rank 0 logs and writes the checkpoint, gathered whole, in the same layout.
 
 ``sft.pack_tokens`` packs a step's demonstrations several to a row (``training.packing.pack_rows``,
-each attending only to itself), after the split over the ranks.
+each attending only to itself), after the split over the ranks. ``sft.micro_batch_tokens`` then
+runs a rank's rows in micro-batches (gradient accumulation: each divided by the whole step's
+tokens, so the step's gradient is the same), which bounds a step's activation memory; a rank with
+fewer micro-batches than another runs empty forwards (``training.forward.padding_forward``) so
+that FSDP's collectives match.
 
 Not here: chat-transcript SFT data sets (no data set is downloaded).
 """
@@ -161,8 +165,8 @@ def sft(
     """Train ``model`` in place on the model tokens of ``episodes``; returns the loss history, and
     writes it to ``log`` when given. ``world``: this rank's place in a data- (and context-)
     parallel group (module doc); ``model`` is then sharded in place."""
-    from opencomposer.training.forward import batch_to
-    from opencomposer.training.packing import collate, episode_rows, pack_rows
+    from opencomposer.training.forward import batch_to, padding_forward
+    from opencomposer.training.packing import collate, episode_rows, micro_batches, pack_rows
 
     rows = episode_rows(episodes)
     if not rows:
@@ -190,21 +194,26 @@ def sft(
                 chosen = split_rows(chosen, world.dp_size)[world.dp_rank]
             if config.pack_tokens:  # after the split: it balances whole sequences
                 chosen = pack_rows(chosen, config.pack_tokens)
-            batch = batch_to(collate(chosen, int(pad)), device)
+            chunks = micro_batches(chosen, config.micro_batch_tokens) if config.micro_batch_tokens else [chosen]
             lr = warmup_cosine_lr(step, peak_lr=config.lr, warmup_steps=config.warmup_steps,
                                   total_steps=config.steps, min_lr_ratio=SFT_MIN_LR_RATIO)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            nll = model_token_nll(model, batch, world, int(pad), config.bf16)
-            loss = nll / tokens
             optimizer.zero_grad(set_to_none=True)
-            (loss * world.size if world.distributed else loss).backward()  # FSDP averages over the ranks
+            step_loss = 0.0
+            for chunk in chunks:  # each normalised by the whole step's tokens: the gradients add up to its
+                nll = model_token_nll(model, batch_to(collate(chunk, int(pad)), device), world, int(pad), config.bf16)
+                loss = nll / tokens
+                (loss * world.size if world.distributed else loss).backward()  # FSDP averages over the ranks
+                step_loss += float(loss.detach())
+            for _ in range(world.max(len(chunks)) - len(chunks)):  # FSDP gathers layers collectively
+                padding_forward(model, device)
             reduce_gradients(model, world)
             if config.grad_clip > 0:
                 clip_gradients([p for p in model.parameters() if p.grad is not None], config.grad_clip, world)
             optimizer.step()
             result.steps = step + 1
-            value = sum(world.gather(float(loss.detach())))
+            value = sum(world.gather(step_loss))
             row = {"lr": lr, "loss": value, "tokens": tokens}
             result.history.append({"step": step + 1, **row})
             if log:

@@ -56,7 +56,7 @@ from opencomposer.distributed.fsdp import clip_gradients, reduce_gradients
 from opencomposer.distributed.runtime import World
 from opencomposer.model.routing import ReplayStats, RouterReplay
 from opencomposer.rl.losses import LossInputs, mismatch_kl, ratio_metrics, rl_loss, staleness_metrics
-from opencomposer.training.forward import batch_to, cp_token_logprobs, token_logprobs
+from opencomposer.training.forward import batch_to, cp_token_logprobs, padding_forward, token_logprobs
 from opencomposer.types import TrainBatch
 
 
@@ -169,14 +169,6 @@ def train_step(
     metrics["grad_norm"] = grad_norm
     metrics["micro_batches"] = float(len(batches))
     return total_loss, metrics
-
-
-def padding_forward(model: torch.nn.Module, device: torch.device) -> None:
-    """A forward and backward that adds nothing to any gradient: a rank with fewer micro-batches
-    than another runs these, because FSDP gathers every layer's weights collectively."""
-    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
-    logits = model(input_ids=ids, logits_to_keep=1).logits
-    (logits.float().sum() * 0.0).backward()
 
 
 def merge_ranks(world: World, total_loss: float, totals: dict[str, float], log_ratios: list[torch.Tensor],

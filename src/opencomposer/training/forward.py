@@ -250,3 +250,11 @@ def cp_token_logprobs(model: torch.nn.Module, batch: Any, group: Any = None, *, 
     targets = split_sequence(batch.target_ids.to(device), cp, rank)
     logprobs, entropy = token_logprobs_and_entropy(logits, targets, top_p, top_k)
     return logprobs, entropy if with_entropy else None
+
+
+def padding_forward(model: torch.nn.Module, device: torch.device) -> None:
+    """A forward and backward that adds nothing to any gradient: a rank with fewer micro-batches
+    than another runs these, because FSDP gathers every layer's weights collectively."""
+    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+    logits = model(input_ids=ids, logits_to_keep=1).logits
+    (logits.float().sum() * 0.0).backward()
