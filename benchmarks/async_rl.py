@@ -86,6 +86,11 @@ def main() -> None:
         "async staleness 2": ["rl.mode=async", "rl.max_staleness=2"],
         "async process stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.inference_process=true"],
         "async process stal. 2": ["rl.mode=async", "rl.max_staleness=2", "services.inference_process=true"],
+        # as many environment workers as the Ray configuration: fewer groups in flight, less
+        # contention with the trainer for the two cores
+        "async 2 workers stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.env_workers=2"],
+        "async process 2 wk stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.inference_process=true",
+                                       "services.env_workers=2"],
     }
     if not args.no_ray:
         configs["ray, 2 workers, stal. 1"] = ["rl.mode=async", "rl.max_staleness=1", "services.backend=ray",
