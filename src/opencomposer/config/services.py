@@ -19,12 +19,14 @@ class ServicesConfig(Section):
     the object store; the trainer is the driver (``services.ray_backend``; the ``ray`` extra)."""
     inference_process: bool = False
     """Embedded backend: run the inference service in a child process of its own
-    (``services.inference_process``) instead of a thread beside the trainer, so that sampling and
-    training do not share one interpreter; the environment workers stay threads. False keeps
-    everything in one process. The Ray backend always runs inference in an actor."""
+    (``services.inference_process``) instead of a thread beside the trainer; the environment
+    workers stay threads. It isolates the sampler (its memory, a crash); throughput on two cores
+    is the same (docs/LOG.md). False keeps everything in one process. The Ray backend always runs
+    inference in an actor."""
     env_workers: int = 0
     """Environment workers: groups rolled out at once, each worker running the G episodes of one
-    task (sandbox, agent loop, grading). 0: ``rl.batch_tasks``, one step's worth."""
+    task (sandbox, agent loop, grading). 0: ``rl.batch_tasks``, one step's worth. Where the
+    trainer shares a few cores with them, fewer leave it more (two cores: 2 beat 4, docs/LOG.md)."""
     weight_store: str = ""
     """Where the trainer publishes every policy version (``services.weights.WeightStore``): a
     folder or any fsspec URL. Empty: ``{run}/weights``."""

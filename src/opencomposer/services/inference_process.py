@@ -1,14 +1,14 @@
 """``services.inference_process = true``: the embedded backend's inference service in a child process.
 
-On the embedded backend the trainer, the sampler and every episode's thread share one
-interpreter: the sampler's decode loop and the trainer's forward and backward take turns at the
-GIL, and the trainer's steps take twice as long as in the synchronous loop (docs/LOG.md,
-2026-12-03, sync vs async throughput). This module moves the sampler out: a child process
-(spawned, so it starts without the trainer's threads) hosts the same ``InferenceHost`` the Ray
-inference actor hosts, built from the run's ``initial`` folder and following the weight store.
-The environment workers stay threads of the trainer's process; their sessions are calls into the
-child over ``multiprocessing.managers``, which gives every calling thread its own connection and
-a serving thread of its own in the child, so the G episodes of a group still batch together.
+A child process (spawned, so it starts without the trainer's threads) hosts the same
+``InferenceHost`` the Ray inference actor hosts, built from the run's ``initial`` folder and
+following the weight store; the environment workers stay threads of the trainer's process, and
+their sessions are calls into the child over ``multiprocessing.managers``, which gives every
+calling thread its own connection and a serving thread of its own in the child, so the G
+episodes of a group still batch together. What it buys is isolation: the sampler's memory, a
+crash or a kill no longer take the trainer with them, and the Ray actor's code runs without Ray.
+It does not buy throughput on two cores: the trainer there loses cores, not the interpreter
+(docs/LOG.md, 2026-12-05, sync vs async throughput).
 
 **Restarts.** A call that finds the child gone (its connection breaks and the process has exited)
 starts a new child at the newest published version and issues the call again, as Ray re-issues a
