@@ -76,20 +76,28 @@ def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tmp_path: Path, tiny_t
 
 
 @pytest.mark.bwrap
+def tiny_demonstrations(folder: Path, tokenizer):
+    """Four oracle demonstrations of the tiny family, their longest row, and a small fresh model."""
+    from opencomposer.model.loading import load_model
+    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations
+    from opencomposer.training.packing import episode_rows
+    from tests.training.test_forward import SMALL
+
+    config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=4"])
+    episodes = record_demonstrations(demonstration_tasks(config, folder), tokenizer, config)
+    longest = max(len(row) for row in episode_rows(episodes))
+    model, tokenizer = load_model(SMALL, tokenizer, seed=1)
+    return episodes, longest, model, tokenizer
+
+
 def test_packed_sft_steps_equal_the_padded_ones(tmp_path: Path, tiny_tokenizer):
     """``sft.pack_tokens``: the demonstrations of a step share rows, each attending to itself only;
     every step's loss is that of one padded row each."""
     import copy
 
-    from opencomposer.model.loading import load_model
-    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations, sft
-    from opencomposer.training.packing import episode_rows
-    from tests.training.test_forward import SMALL
+    from opencomposer.pretrain.sft import sft
 
-    config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=4"])
-    episodes = record_demonstrations(demonstration_tasks(config, tmp_path), tiny_tokenizer, config)
-    longest = max(len(row) for row in episode_rows(episodes))
-    model, tokenizer = load_model(SMALL, tiny_tokenizer, seed=1)
+    episodes, longest, model, tokenizer = tiny_demonstrations(tmp_path, tiny_tokenizer)
     import opencomposer.training.packing as packing
 
     packed_rows = []
@@ -123,15 +131,9 @@ def test_micro_batched_sft_steps_equal_the_whole_step(tmp_path: Path, tiny_token
     with packed rows."""
     import copy
 
-    from opencomposer.model.loading import load_model
-    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations, sft
-    from opencomposer.training.packing import episode_rows
-    from tests.training.test_forward import SMALL
+    from opencomposer.pretrain.sft import sft
 
-    config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=4"])
-    episodes = record_demonstrations(demonstration_tasks(config, tmp_path), tiny_tokenizer, config)
-    longest = max(len(row) for row in episode_rows(episodes))
-    model, tokenizer = load_model(SMALL, tiny_tokenizer, seed=1)
+    episodes, longest, model, tokenizer = tiny_demonstrations(tmp_path, tiny_tokenizer)
     import opencomposer.pretrain.sft as sft_module
 
     forwards = []
