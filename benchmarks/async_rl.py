@@ -91,6 +91,11 @@ def main() -> None:
         "async 2 workers stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.env_workers=2"],
         "async process 2 wk stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.inference_process=true",
                                        "services.env_workers=2"],
+        # the trainer alone on CPU 0, everything else on the other CPUs
+        "async pinned 2 wk stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.env_workers=2",
+                                      "services.trainer_cpus=[0]"],
+        "async pinned process 2 wk stal. 1": ["rl.mode=async", "rl.max_staleness=1", "services.env_workers=2",
+                                              "services.inference_process=true", "services.trainer_cpus=[0]"],
     }
     if not args.no_ray:
         configs["ray, 2 workers, stal. 1"] = ["rl.mode=async", "rl.max_staleness=1", "services.backend=ray",

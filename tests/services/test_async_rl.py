@@ -166,3 +166,44 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_and_the_group_checkpoints(
     assert store.versions() == [0, 1, 2, 3, 4]
     final = run.model.state_dict()
     assert all(torch.equal(final[name], tensor) for name, tensor in store.load(4).items())
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one for the trainer, one for the rest")
+def test_trainer_cpus_keep_the_services_off_the_trainers_cpu(tmp_path: Path):
+    """``services.trainer_cpus``: the trainer's thread on its CPU, the dispatchers (whose episode
+    threads and sandboxes inherit their mask) and the inference process on the others; the process
+    gets its whole mask back at the end."""
+    import threading
+
+    from opencomposer.config import ConfigError
+    from opencomposer.services.async_rl import cpu_split, run_async
+
+    available = os.sched_getaffinity(0)
+    trainer = min(available)
+    config = config_for(tmp_path, "pinned", "rl.steps=2", "rl.mode=async", "rl.max_staleness=1",
+                        "services.inference_process=true", f"services.trainer_cpus=[{trainer}]")
+    seen: dict[str, set[int]] = {}
+
+    def watch(run) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not seen:
+            services, dispatchers = getattr(run, "services", None), getattr(run, "_dispatchers", [])
+            process = getattr(services, "process", None)
+            if process is not None and dispatchers and run.state.step >= 1:
+                seen["trainer"] = os.sched_getaffinity(threading.main_thread().native_id)
+                seen["dispatchers"] = set().union(*(os.sched_getaffinity(t.native_id) for t in dispatchers))
+                seen["inference"] = os.sched_getaffinity(process.pid)
+            time.sleep(0.05)
+
+    run_dir = run_async(config, progress=False,
+                        on_run=lambda run: threading.Thread(target=watch, args=(run,), daemon=True).start()).run_dir
+    assert seen["trainer"] == {trainer}
+    assert seen["dispatchers"] == seen["inference"] == available - {trainer}
+    assert os.sched_getaffinity(0) == available
+    assert_exactly_once(run_dir, 4)
+
+    for cpus in ([max(available) + 1], sorted(available)):  # not this process's, or none left over
+        with pytest.raises(ConfigError, match="services.trainer_cpus"):
+            cpu_split(cpus)
+    with pytest.raises(ConfigError, match="services.trainer_cpus: applies to the embedded backend"):
+        config_for(tmp_path, "ray", "services.backend=ray", "services.trainer_cpus=[0]")

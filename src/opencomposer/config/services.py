@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from opencomposer.config.section import ConfigError, Section
@@ -23,6 +23,12 @@ class ServicesConfig(Section):
     workers stay threads. It isolates the sampler (its memory, a crash); throughput on two cores
     is the same (docs/LOG.md). False keeps everything in one process. The Ray backend always runs
     inference in an actor."""
+    trainer_cpus: list[int] = field(default_factory=list)
+    """CPUs kept for the trainer (``os.sched_setaffinity``, Linux): the trainer's thread runs on
+    these, and the environment workers with their sandboxes, the inference service (thread or
+    process) and the evaluation service on the others. On a machine with few cores where training
+    is the slower side, it keeps them from taking the trainer's cores (docs/LOG.md). Meant for one
+    torch thread per trainer CPU (``run.threads``). Empty (default): no pinning. Embedded backend."""
     env_workers: int = 0
     """Environment workers: groups rolled out at once, each worker running the G episodes of one
     task (sandbox, agent loop, grading). 0: ``rl.batch_tasks``, one step's worth. Where the
@@ -69,5 +75,10 @@ class ServicesConfig(Section):
                 "services.inference_process: applies to the embedded backend; services.backend = "
                 f"\"{self.backend}\" runs inference in an actor of its own already"
             )
+        if self.trainer_cpus and (min(self.trainer_cpus) < 0 or len(set(self.trainer_cpus)) != len(self.trainer_cpus)):
+            raise ConfigError(f"services.trainer_cpus: distinct CPU numbers >= 0, got {self.trainer_cpus}")
+        if self.trainer_cpus and self.backend != "embedded":
+            raise ConfigError("services.trainer_cpus: applies to the embedded backend; give Ray actors CPUs "
+                              "through the cluster instead")
         if self.episode_timeout_s < 0:
             raise ConfigError(f"services.episode_timeout_s: must be >= 0 (0 = none), got {self.episode_timeout_s}")

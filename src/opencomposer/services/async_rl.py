@@ -37,6 +37,7 @@ interfaces (``services.ray_backend``), the trainer staying in this process (the 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,21 @@ from opencomposer.services.reconciler import Reconciler, Slot
 from opencomposer.training.progress import ProgressBar
 
 log = logging.getLogger(__name__)
+
+
+def cpu_split(trainer_cpus: list[int]) -> tuple[set[int], set[int]] | None:
+    """``services.trainer_cpus``: (the trainer's CPUs, the services' CPUs) out of those this
+    process may run on; None when the list is empty."""
+    if not trainer_cpus:
+        return None
+    available = os.sched_getaffinity(0)
+    trainer = set(trainer_cpus)
+    if not trainer < available:
+        from opencomposer.config import ConfigError
+
+        raise ConfigError(f"services.trainer_cpus = {sorted(trainer)}: this process runs on CPUs {sorted(available)}; "
+                          "name some of them and leave at least one for the services")
+    return trainer, available - trainer
 
 
 class EmbeddedServices:
@@ -253,8 +269,13 @@ class AsyncRLRun(RLRun):
     # -- the trainer -------------------------------------------------------------------------------
     def run(self) -> RLSummary:
         started = time.perf_counter()
+        split = cpu_split(self.config.services.trainer_cpus)
         try:
+            if split is not None:  # every thread and process the services start inherits this mask
+                os.sched_setaffinity(0, split[1])
             self._start_services()
+            if split is not None:
+                os.sched_setaffinity(0, split[0])  # this thread, the trainer, alone on its CPUs
             self._resubmit_missing_evaluations()
             with ProgressBar("rl async", self.rl.steps, status="reward {reward:.3f}  resolved {passed:.2f}",
                              completed=self.state.step, enabled=self.progress) as bar:
@@ -273,6 +294,8 @@ class AsyncRLRun(RLRun):
             self._stop_services()
             self.log.close()
             self._lock.close()
+            if split is not None:
+                os.sched_setaffinity(0, split[0] | split[1])
         return self._summary(time.perf_counter() - started)
 
     def _summary(self, seconds: float) -> RLSummary:

@@ -53,9 +53,11 @@ class _Manager(BaseManager):
 _Manager.register("InferenceHost", InferenceHost)
 
 
-def _exit_with_parent(parent: int) -> None:
-    """In the child, before it serves: exit when the parent process is gone (a killed trainer
+def _child_setup(parent: int, cpus: set[int]) -> None:
+    """In the child, before it serves: run on ``cpus`` (those of the thread that first started it,
+    whichever thread restarts it), and exit when the parent process is gone (a killed trainer
     never calls ``close``)."""
+    os.sched_setaffinity(0, cpus)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -76,13 +78,14 @@ class InferenceProcess(RemoteInference):
         self._lock = threading.Lock()  # the fields below
         self._closed = False
         self.process_restarts = 0
+        self.cpus = os.sched_getaffinity(0)  # the child's CPUs, on a restart too
         self.generation = 0  # bumped by each restart, so concurrent callers restart once
         self._manager, self._host, self._pid = self._start(version)
         super().__init__(self._call, owner, tokenizer)
 
     def _start(self, version: int | None) -> tuple[_Manager, Any, int]:
         manager = _Manager(ctx=multiprocessing.get_context("spawn"))
-        manager.start(initializer=_exit_with_parent, initargs=(os.getpid(),))
+        manager.start(initializer=_child_setup, initargs=(os.getpid(), self.cpus))
         try:
             host = manager.InferenceHost(self.folder, self.config, self.store_url, version)
             return manager, host, host.pid()
