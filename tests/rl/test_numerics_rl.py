@@ -120,13 +120,13 @@ def test_the_async_services_sample_and_evaluate_in_the_policys_format(tiny_token
     convert_model(policy, config.numerics)
     inference = InferenceService(policy, tiny_tokenizer, 0, lambda: (policy.state_dict(), 0))
     engine = inference.batcher.engine
-    assert engine.model is not policy and is_converted(engine.model) and not engine.batch_invariant
+    assert engine.model is not policy and is_converted(engine.model) and engine.batch_invariant  # in the format
     evaluation = EvaluationService(plain, tiny_tokenizer, config, [], lambda version: plain.state_dict(), None)
     try:
         assert not is_converted(plain)  # its copy is converted, not the caller's model
         experts = [m for m in evaluation.engine.model.modules() if isinstance(m, QuantizedExperts)]
         assert len(experts) == 2 and all(m.quantize_dispatch for m in experts)
-        assert not evaluation.engine.batch_invariant
+        assert evaluation.engine.batch_invariant  # per-token NVFP4 scales: row by row
     finally:
         evaluation.close()
     bf16 = load_recipe(RECIPE, SHRUNK)
