@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from opencomposer.config import Config
@@ -81,6 +82,15 @@ def test_the_inference_process_samples_as_the_service_does_and_comes_back_after_
         assert remote.pid != killed and remote.process_restarts == 1 and remote.restarts == 1
         assert remote.policy_version == 1
         session.close()
+
+        # a child that dies and cannot be replaced is a RuntimeError (an episode's infrastructure
+        # failure), not a connection error escaping into the worker
+        import shutil
+
+        shutil.rmtree(tmp_path / "initial")
+        os.kill(remote.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="did not start"):
+            remote.session()
     finally:
         remote.close()
     assert exited(remote.pid, 10.0)
@@ -118,3 +128,10 @@ def test_the_inference_process_exits_with_a_killed_parent(tmp_path: Path, tiny_m
         assert exited(child, 10.0), f"the inference process {child} outlived its parent"
     finally:
         parent.kill()
+
+
+def test_the_inference_process_is_an_embedded_backend_setting():
+    from opencomposer.config import ConfigError, load_recipe
+
+    with pytest.raises(ConfigError, match="services.inference_process: applies to the embedded backend"):
+        load_recipe(None, ["services.inference_process=true", "services.backend=ray"])

@@ -21,8 +21,8 @@ class ServicesConfig(Section):
     """Embedded backend: run the inference service in a child process of its own
     (``services.inference_process``) instead of a thread beside the trainer; the environment
     workers stay threads. It isolates the sampler (its memory, a crash); throughput on two cores
-    is the same (docs/LOG.md). False keeps everything in one process. The Ray backend always runs
-    inference in an actor."""
+    is the same (docs/LOG.md). The child samples on CPU, as the Ray actor does. False keeps
+    everything in one process. The Ray backend always runs inference in an actor."""
     trainer_cpus: list[int] = field(default_factory=list)
     """CPUs kept for the trainer (``os.sched_setaffinity``, Linux): the trainer's thread runs on
     these, and the environment workers with their sandboxes, the inference service (thread or

@@ -134,7 +134,7 @@ def forward_weight(module: nn.Module, name: str) -> torch.Tensor:
     """``module.<name>`` as a converted module's forward quantiser leaves it ([N, K], or [E, N, K]
     quantised expert matrix by expert matrix, as ``QuantizedExperts`` does), computed once and kept
     on the module until the parameter changes (an optimizer step or a weight load bumps its
-    version)."""
+    version; a write through ``.data`` would not, and the project writes weights with ``copy_``)."""
     weight = getattr(module, name)
     key = (weight._version, weight.data_ptr())
     cache = module.__dict__.setdefault("_invariant_weights", {})

@@ -97,8 +97,12 @@ class EmbeddedServices:
         if run.heldout:
             from opencomposer.services.evaluation import EvaluationService
 
-            self.evaluation = EvaluationService(run.model, run.tokenizer, run.config, run.heldout, run.store.load,
-                                                run.grader)
+            try:
+                self.evaluation = EvaluationService(run.model, run.tokenizer, run.config, run.heldout,
+                                                    run.store.load, run.grader)
+            except BaseException:
+                self.shutdown()  # the inference process must not outlive a failed start
+                raise
 
     def new_worker(self, worker_id: int) -> Any:
         from opencomposer.services.environments import EnvWorker

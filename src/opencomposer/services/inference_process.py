@@ -17,7 +17,10 @@ their requests carry, so no episode sees the failure and no group is sampled twi
 ``restarts`` counts process restarts plus engine restarts inside the child.
 
 **Faults.** ``kill_inference`` in a fault plan (``services.faults``) kills the child with SIGKILL
-just before the planned ``generate`` call, so the fault tests exercise a real process death.
+just before the planned ``generate`` call, so the fault tests exercise a real process death (its
+``after`` counts the sessions' calls here, the batched engine calls in the in-thread service).
+Not detected: a child that is alive but never answers blocks its callers, as a hung Ray actor
+does; only a death is seen. The child loads the policy on CPU, as the Ray actor does.
 
 **Lifetime.** ``close()`` stops the child; a child whose parent dies (a killed trainer) notices
 within a second and exits.
@@ -39,9 +42,10 @@ from opencomposer.services.inference import InferenceHost, RemoteInference
 
 log = logging.getLogger(__name__)
 
-# What a call sees when the child is gone: the connection ends (EOF) or breaks
-# (BrokenPipeError, ConnectionResetError, ConnectionRefusedError).
-LOST = (EOFError, ConnectionError)
+# What a call sees when the child is gone: the connection ends (EOF) or breaks or cannot be
+# made (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, FileNotFoundError: all
+# OSError). Whether the child really is gone is checked before restarting it.
+LOST = (EOFError, OSError)
 EXIT_WAIT_S = 5.0  # how long a broken connection waits for the child's exit before calling it alive
 MAX_RESTARTS_PER_CALL = 3
 
@@ -105,13 +109,24 @@ class InferenceProcess(RemoteInference):
                     raise RuntimeError("the inference process is closed")
                 host, generation, pid = self._host, self.generation, self._pid
             if method == "generate" and fire(self.faults, "kill_inference"):
-                os.kill(pid, signal.SIGKILL)
+                self._kill(generation)
             try:
                 return getattr(host, method)(*args)
             except LOST as e:
+                # a RuntimeError, as the in-thread service raises: the episode's policy reports it
+                # as an infrastructure failure (retried), not a crash of its worker
                 if not self._restart(generation, e):
-                    raise
+                    raise RuntimeError(f"the inference process (pid {pid}) cannot be reached: {e!r}") from e
         raise RuntimeError(f"the inference process died {MAX_RESTARTS_PER_CALL} times under one {method} call")
+
+    def _kill(self, generation: int) -> None:
+        """SIGKILL the child of ``generation`` (the ``kill_inference`` fault), unless it was replaced."""
+        with self._lock:
+            if self.generation == generation and not self._closed:
+                try:
+                    os.kill(self._pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _restart(self, generation: int, error: BaseException) -> bool:
         """A new child once the current one has exited (unless another caller already made one);
@@ -128,14 +143,19 @@ class InferenceProcess(RemoteInference):
             log.warning("the inference process (pid %d) exited (code %s, seen as %r); restarting it at the "
                         "newest published version", self._pid, process.exitcode, error)
             self._manager.shutdown()
-            self._manager, self._host, self._pid = self._start(None)
+            try:
+                self._manager, self._host, self._pid = self._start(None)
+            except Exception as e:  # noqa: BLE001 (reported to the caller as the service being gone)
+                raise RuntimeError(f"the inference process exited and a new one did not start: {e!r}") from e
             self.generation += 1
             self.process_restarts += 1
             return True
 
     @property
     def restarts(self) -> int:
-        return self.process_restarts + self._call("restarts")
+        """Process restarts, plus engine restarts inside the current child."""
+        engine_restarts = self._call("restarts")
+        return self.process_restarts + engine_restarts
 
     def close(self) -> None:
         with self._lock:
