@@ -69,3 +69,22 @@ def test_shared_prefix_forward_equals_the_plain_forward_in_values_and_gradients(
         logits = small_model(input_ids=batch.input_ids).logits.double()
     reference = torch.log_softmax(logits, -1).gather(-1, batch.target_ids[..., None])[..., 0]
     torch.testing.assert_close(lp_shared[mask].double(), reference[mask], rtol=0, atol=3e-5)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_the_vocabulary_projection_runs_on_the_scored_positions_only(small_model, share: bool):
+    """With or without the shared prefix, the output head sees the loss-carrying positions and no
+    others (the projection and log-softmax over the vocabulary dominate a long row's cost)."""
+    from opencomposer.training.forward import per_row_logits
+
+    if not per_row_logits():
+        pytest.skip("this transformers has no per-row logits_to_keep")
+    batch = collate(rows_with_common_prefix(120, [30, 18, 25], first_model=3, seed=2), pad_id=0)
+    seen = []
+    hook = small_model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    try:
+        with torch.no_grad():
+            token_logprobs(small_model, batch, share_prefix=share, with_entropy=False)
+    finally:
+        hook.remove()
+    assert sum(int(np.prod(shape[:-1])) for shape in seen[-1:]) == int(batch.loss_mask.sum())

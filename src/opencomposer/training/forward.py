@@ -125,6 +125,15 @@ def scored_positions(batch: TrainBatch) -> torch.Tensor:
     return positions if positions.numel() else torch.tensor([batch.loss_mask.shape[1] - 1])
 
 
+def _scored_mask(batch: TrainBatch, device: torch.device) -> torch.Tensor:
+    """``[rows, seq]`` bool: the positions whose target carries loss, or the last position of
+    every row when none does (a forward must keep at least one)."""
+    keep = batch.loss_mask.to(device, torch.bool, copy=True)
+    if not keep.any():
+        keep[:, -1] = True
+    return keep
+
+
 def autocast(device: torch.device, bf16: bool):
     """bf16 autocast on ``device`` when asked, else nothing (parameters stay in their dtype)."""
     if not bf16:
@@ -177,17 +186,19 @@ def token_logprobs(
                                use_cache=True, logits_to_keep=1)
             cache = shared.cache
             cache.batch_repeat_interleave(rows)
+            suffix_keep = seq - start
+            if per_row_logits():  # the vocabulary projection at the scored positions only (below)
+                keep = _scored_mask(batch, device)
+                suffix_keep = keep[:, prefix:]  # the prefix holds no scored position (shared_prefix_length)
             with routed((slice(None), slice(prefix, None))):
                 out = model(input_ids=input_ids[:, prefix:], position_ids=position_ids[:, prefix:], cache=cache,
-                            use_cache=True, logits_to_keep=seq - start)
+                            use_cache=True, logits_to_keep=suffix_keep)
         else:
             # the vocabulary projection runs on the positions each row scores, not on a window
             # from the first of them (a packed row holds prompts and tool outputs after it)
             keep = scored_positions(batch).to(device) if packed else None
             if per_row_logits():
-                keep = batch.loss_mask.to(device, torch.bool, copy=True)
-                if not keep.any():
-                    keep[:, -1] = True
+                keep = _scored_mask(batch, device)
             documents = packed_attention(model, position_ids) if packed else contextlib.nullcontext()
             with routed((slice(None), slice(None))), documents:
                 out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
