@@ -80,6 +80,7 @@ def test_the_vocabulary_projection_runs_on_the_scored_positions_only(small_model
     if not per_row_logits():
         pytest.skip("this transformers has no per-row logits_to_keep")
     batch = collate(rows_with_common_prefix(120, [30, 18, 25], first_model=3, seed=2), pad_id=0)
+    assert shared_prefix_length(batch) == 120  # share=True takes the prefix path
     seen = []
     hook = small_model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
     try:
@@ -87,4 +88,5 @@ def test_the_vocabulary_projection_runs_on_the_scored_positions_only(small_model
             token_logprobs(small_model, batch, share_prefix=share, with_entropy=False)
     finally:
         hook.remove()
-    assert sum(int(np.prod(shape[:-1])) for shape in seen[-1:]) == int(batch.loss_mask.sum())
+    # with the prefix the head runs twice: once on the prefix's last position, then on the suffixes
+    assert [int(np.prod(shape[:-1])) for shape in seen] == [1] * share + [int(batch.loss_mask.sum())]
