@@ -48,11 +48,12 @@ def test_the_shipped_recipe_loads_and_round_trips(tmp_path: Path):
 
     config = load_recipe(ROOT / "recipes" / "pretrain-phases.toml")
     plan = plan_phases(config.pretrain.phases)
-    assert [p.name for p in plan] == ["main", "long-context", "sft"]
-    assert plan[1].config.seq_len == 4 * plan[0].config.seq_len and plan[1].config.rope_theta > 0
-    assert plan[0].steps == 614_400 // (16 * 64)  # a token budget is whole steps of batch × seq_len
-    assert plan[2].config.losses == ["sft", "mtp"] and plan[1].first_step == plan[0].steps
-    assert config.model.num_mtp_layers == 1 and plan[1].config.losses == ["lm", "mtp"]
+    assert [p.name for p in plan] == ["copy", "main", "long-context", "sft"]
+    assert plan[0].config.sources == ["copy"] and "recall" in plan[1].config.sources
+    assert plan[2].config.seq_len == 4 * plan[1].config.seq_len and plan[2].config.rope_theta > 0
+    assert plan[1].steps == 1_536_000 // (16 * 64)  # a token budget is whole steps of batch × seq_len
+    assert plan[3].config.losses == ["sft", "mtp"] and plan[2].first_step == plan[0].steps + plan[1].steps
+    assert config.model.num_mtp_layers == 1 and plan[2].config.losses == ["lm", "mtp"]
     (tmp_path / "again.toml").write_text(recipe_toml(config))
     assert load_recipe(tmp_path / "again.toml") == config
 
@@ -390,16 +391,16 @@ def test_a_killed_pretrain_command_resumes_mid_phase(tmp_path: Path):
 
 @pytest.mark.slow
 def test_long_context_extension_learns_positions_the_first_phase_never_saw(tmp_path: Path):
-    """The shipped recipe's first two phases on the standard library: 600 steps at 64 tokens, then
+    """Two phases on the standard library, the recipe's model at two layers: 600 steps at 64 tokens, then
     150 at 256 with the RoPE base raised from 10,000 to 100,000 (about 5 minutes on one thread).
     The held-out loss at positions 64-255, which the first phase never trained, falls during the
     extension. (Whether it starts above the loss before position 64 depends on the held-out files:
     later lines of a file are easier, so that comparison is not asserted.) docs/pretraining.md has
-    the numbers, and the retrieval probe, which this tiny model fails before and after."""
+    the numbers; the retrieval probe needs the copy phase (tests/pretrain/test_recall.py)."""
     from opencomposer.pretrain.phases import run_phases
 
     config = load_recipe(ROOT / "recipes" / "pretrain-phases.toml", [
-        f"run.out_dir={tmp_path}", "corpus.sources=['stdlib']", "corpus.max_files=1500",
+        f"run.out_dir={tmp_path}", "corpus.sources=['stdlib']", "corpus.max_files=1500", "model.num_layers=2",
         "pretrain.checkpoint_every=0", "pretrain.phases=" + LONG_CONTEXT_PHASES])
     _, _, result = run_phases(config, progress=False)
     before, after = result.phases[1].evals[0], result.phases[1].evals[-1]

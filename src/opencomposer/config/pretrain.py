@@ -150,6 +150,9 @@ class PretrainConfig(Section):
     near_duplicate_threshold: float = 0.8
     """Estimated Jaccard similarity (MinHash over 5-word shingles) from which two files count as
     near-duplicates; 1.0 keeps near-duplicates and drops exact copies only."""
+    recall_documents: int = 20_000
+    """With phases: documents in each generated source a phase lists (``"copy"``, ``"recall"``:
+    ``opencomposer.pretrain.recall``, synthetic text that teaches copying from the context)."""
     heldout_by: Literal["project", "file"] = "project"
     """With phases: hold out whole source projects (a top-level package or module; no file of a
     held-out project is trained on) or, as without phases, single files."""
@@ -160,6 +163,8 @@ class PretrainConfig(Section):
         super().__post_init__()
 
     def validate(self) -> None:
+        if self.recall_documents < 1:
+            raise ConfigError(f"pretrain.recall_documents: must be >= 1, got {self.recall_documents}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"pretrain.checkpoint_every: must be >= 0, got {self.checkpoint_every}")
         if not 0.0 < self.near_duplicate_threshold <= 1.0:

@@ -17,7 +17,9 @@ attention mask and no cache; ``tests/pretrain/test_phases.py`` checks that a pac
 logits equal those of the document alone). Every target is predictable from its own document: the separator opening a
 document predicts its first token, a document's last token predicts the next separator (the end
 of the file). Each row is drawn from one source, chosen by the phase's weights with a seeded
-generator; the tokens trained per source are reported in ``mix.json``.
+generator; the tokens trained per source are reported in ``mix.json``. Besides the corpus's
+sources a phase may list the generated ``copy`` and ``recall`` (``pretrain.recall``: documents
+that teach copying from the context, which the tiny model does not learn from code alone).
 
 **Losses.** ``LOSSES`` maps a name of ``PhaseConfig.losses`` to the function that computes it on
 a step; a phase sums those it lists. ``lm``: next-token cross-entropy on the packed rows (plus the
@@ -100,6 +102,8 @@ from opencomposer.distributed.fsdp import (
 from opencomposer.distributed.runtime import World
 from opencomposer.io import atomic_directory, atomic_write_text, discard
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
+from opencomposer.pretrain.recall import SOURCES as GENERATED_SOURCES
+from opencomposer.pretrain.recall import with_recall_sources
 from opencomposer.training.attention import packed_attention
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
@@ -222,8 +226,8 @@ class MixedBatches:
                                   f"corpus has {sorted(by_source)}")
             self.sources = list(c.sources)
             weights = np.array(c.weights, dtype=float)
-        else:  # the natural mix: every source in proportion to its text
-            self.sources = sorted(by_source)
+        else:  # the natural mix: every corpus source in proportion to its text (generated ones only when listed)
+            self.sources = sorted(s for s in by_source if s not in GENERATED_SOURCES)
             weights = np.array([sum(len(f.text) for f in by_source[s]) for s in self.sources], dtype=float)
         self.weights = weights / weights.sum()
         self.batch_size = c.batch_size
@@ -671,11 +675,16 @@ def _build_model(config: Config, tokenizer: Any, device: torch.device, checkpoin
 def _check_recipe(config: Config, corpus: Corpus) -> None:
     """Refuse, before any training, what would only fail in a later phase."""
     sources = {f.source for f in corpus.train}
+    if clash := sorted(sources & set(GENERATED_SOURCES)):
+        raise ConfigError(f"corpus.sources: {clash} is the name of a generated source (pretrain.recall); rename the "
+                          f"folder")
+    sources |= set(GENERATED_SOURCES)
     for i, phase in enumerate(config.pretrain.phases):
         missing = [s for s in phase.sources if s not in sources]
         if missing:
             raise ConfigError(f"pretrain.phases[{i}].sources: {missing} has no training files; the corpus has "
-                              f"{sorted(sources)} (corpus.sources)")
+                              f"{sorted(sources - set(GENERATED_SOURCES))} (corpus.sources), and "
+                              f"{list(GENERATED_SOURCES)} are generated (pretrain.recall)")
         if "sft" in phase.losses and not (config.sft.task_family or config.sft.tasks):
             raise ConfigError(f"pretrain.phases[{i}].losses: 'sft' trains on demonstrations of the [sft] tasks; set "
                               'sft.task_family (e.g. "tiny-composed") or sft.tasks')
@@ -768,6 +777,8 @@ def run_phases(
     if state["step"] == plan[state["phase"]].steps:  # the checkpoint ends a phase: start the next
         state = {**state, "phase": state["phase"] + 1, "step": 0}
 
+    listed = {s for p in pc.phases for s in p.sources}  # the generated sources among them join the corpus
+    corpus = with_recall_sources(corpus, tokenizer, listed, pc.recall_documents, config.run.seed)
     separator = document_separator_id(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     base_len = plan[0].config.seq_len
@@ -777,7 +788,7 @@ def run_phases(
                               pc.eval_batches) if long_len > base_len and pc.eval_batches else []
     probe_sets: dict[str, list] = {}  # the probe at the longest length, and one within the first phase's
     if long_len > base_len and probes:
-        filler = corpus.heldout or corpus.train
+        filler = corpus.heldout or [f for f in corpus.train if f.source not in GENERATED_SOURCES]
         probe_sets["probe_long"] = probe_documents(tokenizer, filler, long_len, probes, config.run.seed)
         with contextlib.suppress(ValueError):  # a first phase too short to hold a probe has no short one
             probe_sets["probe_short"] = probe_documents(tokenizer, filler, base_len, probes, config.run.seed)

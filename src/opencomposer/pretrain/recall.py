@@ -1,0 +1,144 @@
+"""Synthetic recall sources: documents that teach a small model to copy from its own context.
+
+A model reads a long file usefully only if it can fetch what it saw earlier: a name defined at
+the top, a value set two screens up. In a transformer that skill is an *induction circuit* (one
+head marks each position with the token before it, a later head finds the earlier position whose
+predecessor matches the current token and copies what followed). A large model forms it early
+in natural text; the tiny MoE of the CPU recipes does not form it from code in any budget a CPU
+run allows (docs/LOG.md, 2026-12-05: the retrieval probe stays at chance after 6,000 steps on a
+code mix, while the same model trained on repeated token spans forms it in 1,000-2,000 steps).
+So a phase may list two generated sources beside the corpus's:
+
+- ``copy``: a span of 4-12 random word pieces of the tokenizer's vocabulary (glued, or joined by
+  separators such as ``_``), a newline, the same span again. The first half is noise; the second
+  half is predictable only by copying, so these rows carry almost nothing but the copying signal.
+  A document fits a 64-token row, so the circuit forms in a short first phase.
+- ``recall``: half *planted facts*, ``NAME = "VALUE"``, held-in code, ``assert NAME == "VALUE"``
+  (names and values joined from identifiers of the training code), half a random span, held-in
+  code, the same span again. The code between is a log-uniform 10 to ``RECALL_GAP_CHARS``
+  characters of a training file, so the distance to copy across ranges from a few tokens to a few
+  hundred: at a short first phase most long documents are cut (a row continued from the previous
+  one starts its own attention), at the long-context extension they fit, and the model learns to
+  fetch across the new lengths.
+
+Neither source uses the retrieval probe's words (``phases.PROBE_WORDS``) or its names, nor any
+held-out file: the probe stays a held-out measurement. Documents are a pure function of the
+training files, the tokenizer and the seed, so every rank and every resumed run draws the same
+ones. ``pretrain.recall_documents`` sets how many each source holds (rows are drawn from a
+seeded, reshuffled stream over them, like any source's files).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from opencomposer.model.corpus import CodeFile, Corpus
+
+SOURCES = ("copy", "recall")
+"""The generated sources a phase may list in ``sources``."""
+SPAN_PIECES = (4, 12)  # a span is this many word pieces (inclusive bounds): a document fits 64 tokens
+SEPARATORS = ("", "", "", "_", "_", " ", ".", '"', ", ", " = ")  # between two pieces (glued most often)
+RECALL_GAP_CHARS = 900  # the longest stretch of code between what is said and where it is recalled
+IDENTIFIER_FILES = 500  # training files whose identifiers name planted facts
+_IDENTIFIER = re.compile(r"\b[a-z][a-z]{2,9}\b")
+
+
+def _excluded(word: str) -> bool:
+    from opencomposer.pretrain.phases import PROBE_WORDS
+
+    return "probe" in word or any(w in word for w in PROBE_WORDS)
+
+
+def word_pieces(tokenizer: Any) -> list[str]:
+    """The vocabulary's alphabetic ASCII pieces without a leading space: what spans are made of
+    (a span of them, written twice after the same character, tokenizes the same twice)."""
+    pieces = set()
+    for i in range(len(tokenizer)):
+        text = tokenizer.decode([i])
+        if text.isascii() and text.isalpha() and not _excluded(text.lower()):
+            pieces.add(text)
+    if not pieces:
+        raise ValueError("recall sources: the tokenizer has no alphabetic word pieces to build spans from")
+    return sorted(pieces)
+
+
+def identifiers(files: list[CodeFile]) -> list[str]:
+    """Lowercase words of 3-10 letters in the first ``IDENTIFIER_FILES`` training files."""
+    words = {w for f in files[:IDENTIFIER_FILES] for w in _IDENTIFIER.findall(f.text)}
+    return sorted(w for w in words if not _excluded(w))
+
+
+def _code(files: list[CodeFile], rng: np.random.Generator) -> str:
+    """A log-uniform 10 to ``RECALL_GAP_CHARS`` characters of whole lines of a training file."""
+    lines = files[int(rng.integers(len(files)))].text.splitlines()
+    budget = math.exp(rng.uniform(math.log(10), math.log(RECALL_GAP_CHARS)))
+    start = int(rng.integers(len(lines))) if lines else 0
+    out: list[str] = []
+    size = 0
+    for line in lines[start:]:
+        if size >= budget:
+            break
+        out.append(line + "\n")
+        size += len(line) + 1
+    return "".join(out)
+
+
+def _span(pieces: list[str], rng: np.random.Generator) -> str:
+    """Word pieces, glued or joined by the separators code is full of. A common token inside the
+    span (``_``, a space, a quote) is what makes copying hard: the token after it cannot be found
+    by matching that one token, so the model must match on more of what precedes it."""
+    while True:  # glued pieces can spell a probe word; draw again (rare)
+        count = int(rng.integers(SPAN_PIECES[0], SPAN_PIECES[1] + 1))
+        words = rng.choice(pieces, size=count)
+        joins = rng.choice(SEPARATORS, size=count - 1)
+        span = words[0] + "".join(j + w for j, w in zip(joins, words[1:], strict=True))
+        if not _excluded(span.lower()):
+            return span
+
+
+def copy_documents(pieces: list[str], count: int, seed: int) -> list[CodeFile]:
+    """``count`` documents ``SPAN\\nSPAN\\n`` (source ``copy``)."""
+    rng = np.random.default_rng([seed, 0xC0B1])
+    return [CodeFile("copy", f"copy/{i}.txt", f"{span}\n{span}\n")
+            for i, span in enumerate(_span(pieces, rng) for _ in range(count))]
+
+
+def recall_documents(files: list[CodeFile], pieces: list[str], count: int, seed: int) -> list[CodeFile]:
+    """``count`` documents (source ``recall``): planted facts and spans repeated across code."""
+    if not files:
+        raise ValueError("recall sources: no training files to take code and identifiers from")
+    words = identifiers(files)
+    if len(words) < 2:
+        raise ValueError("recall sources: the training files hold too few identifiers to name facts")
+    rng = np.random.default_rng([seed, 0x4EC1])
+    out = []
+    for i in range(count):
+        if i % 2 == 0:
+            name = "_".join(rng.choice(words, size=2, replace=False))
+            value = "_".join(rng.choice(words, size=2, replace=False))
+            text = f'{name} = "{value}"\n{_code(files, rng)}assert {name} == "{value}"\n'
+        else:
+            span = _span(pieces, rng)
+            text = f"{span}\n{_code(files, rng)}{span}\n"
+        out.append(CodeFile("recall", f"recall/{i}.py", text))
+    return out
+
+
+def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: int, seed: int) -> Corpus:
+    """``corpus`` with the generated sources among ``names`` added to its training files."""
+    wanted = [s for s in SOURCES if s in names]
+    if not wanted:
+        return corpus
+    if count < 1:
+        raise ValueError(f"pretrain.recall_documents: a phase lists {wanted}; it needs at least 1 document, got {count}")
+    pieces = word_pieces(tokenizer)
+    extra: list[CodeFile] = []
+    if "copy" in wanted:
+        extra += copy_documents(pieces, count, seed)
+    if "recall" in wanted:
+        extra += recall_documents(corpus.train, pieces, count, seed)
+    return Corpus(train=corpus.train + extra, heldout=corpus.heldout, dropped=corpus.dropped)

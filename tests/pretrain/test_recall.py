@@ -1,0 +1,167 @@
+"""Generated recall sources (``opencomposer.pretrain.recall``): documents that teach copying from
+the context, which a phase lists as ``"copy"`` / ``"recall"`` beside the corpus's sources. They
+must copy exactly in token space, never leak the retrieval probe's words or held-out code, be a
+pure function of the seed, train only where a phase lists them, and (slow) actually teach the tiny
+MoE to copy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opencomposer.config import ConfigError, load_recipe
+from opencomposer.model.corpus import CodeFile, Corpus
+from opencomposer.pretrain.phases import PROBE_WORDS
+from opencomposer.pretrain.recall import (
+    copy_documents,
+    identifiers,
+    recall_documents,
+    with_recall_sources,
+    word_pieces,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ROOT / "src" / "opencomposer"
+SMALL_MODEL = ["model.hidden_size=32", "model.num_layers=2", "model.head_dim=8", "model.num_experts=4",
+               "model.moe_intermediate_size=32"]
+
+
+def _corpus() -> Corpus:
+    files = [CodeFile("pkg", str(p.relative_to(SOURCES)), p.read_text()) for p in sorted(SOURCES.rglob("*.py"))]
+    return Corpus(train=[f for f in files if not f.path.startswith("rl/")],
+                  heldout=[f for f in files if f.path.startswith("rl/")])
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_copy_document_repeats_the_same_tokens(tiny_tokenizer):
+    """The premise of the ``copy`` source: the second span is token for token the first, so the
+    second half is predictable by copying and by nothing else."""
+    pieces = word_pieces(tiny_tokenizer)
+    assert len(pieces) > 500 and all(p.isascii() and p.isalpha() for p in pieces)
+    docs = copy_documents(pieces, 200, seed=0)
+    assert {d.source for d in docs} == {"copy"}
+    for doc in docs:
+        first, second, tail = doc.text.split("\n")
+        assert first == second and tail == ""
+        ids = _ids(tiny_tokenizer, doc.text)
+        span = _ids(tiny_tokenizer, first + "\n")
+        assert ids == span + span
+        assert len(ids) <= 64  # a whole document fits the first phase's row
+
+
+def test_recall_documents_plant_facts_and_repeat_spans_across_training_code(tiny_tokenizer):
+    corpus = _corpus()
+    docs = recall_documents(corpus.train, word_pieces(tiny_tokenizer), 100, seed=0)
+    train_text = "\n".join(f.text for f in corpus.train)
+    planted = [d for d in docs if d.text.split("\n")[0].endswith('"')]
+    repeated = [d for d in docs if d not in planted]
+    assert len(planted) == len(repeated) == 50
+    for doc in planted:
+        lines = doc.text.split("\n")
+        name, value = lines[0].split(" = ")
+        assert lines[-2] == f"assert {name} == {value}" and lines[-1] == ""
+        gap = "\n".join(lines[1:-2])
+        assert gap in train_text  # the code between is held-in code, never held-out
+    for doc in repeated:
+        lines = doc.text.split("\n")
+        assert lines[0] == lines[-2] and "\n".join(lines[1:-2]) in train_text
+    gaps = [len(d.text) for d in docs]
+    assert min(gaps) < 80 and max(gaps) > 500  # distances from a few tokens to a few hundred
+
+
+def test_nothing_generated_names_the_probe(tiny_tokenizer):
+    corpus = _corpus()
+    poisoned = [*corpus.train, CodeFile("pkg", "poison.py", " ".join(f"{w} = probe_{w}" for w in PROBE_WORDS))]
+    pieces = word_pieces(tiny_tokenizer)
+    words = identifiers([poisoned[-1], *poisoned])
+    assert not any(w in PROBE_WORDS or "probe" in w for w in words)
+    for doc in copy_documents(pieces, 300, seed=1) + recall_documents(poisoned, pieces, 300, seed=1):
+        head = doc.text.split("\n")[0].lower()  # what a document asks to recall
+        assert "probe" not in head and not any(w in head for w in PROBE_WORDS)
+
+
+def test_generated_sources_are_a_pure_function_of_the_seed(tiny_tokenizer):
+    corpus = _corpus()
+    one = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall"}, 50, seed=3)
+    again = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall", "pkg"}, 50, seed=3)
+    other = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall"}, 50, seed=4)
+    assert one.train == again.train and one.train != other.train
+    assert one.heldout == corpus.heldout and one.train[: len(corpus.train)] == corpus.train
+    assert sum(f.source == "copy" for f in one.train) == sum(f.source == "recall" for f in one.train) == 50
+    assert with_recall_sources(corpus, tiny_tokenizer, {"pkg"}, 50, seed=3) is corpus  # nothing listed, nothing added
+
+
+def test_a_corpus_source_named_like_a_generated_one_is_refused(tmp_path: Path, tiny_tokenizer):
+    from opencomposer.pretrain.phases import run_phases
+
+    corpus = _corpus()
+    clash = Corpus(train=[*corpus.train, CodeFile("copy", "x.py", "x = 1\n")], heldout=corpus.heldout)
+    config = load_recipe(None, [*SMALL_MODEL, f"run.out_dir={tmp_path}", "run.threads=1",
+                                'pretrain.phases=[{seq_len=32, steps=2, batch_size=2}]'])
+    with pytest.raises(ConfigError, match=r"\['copy'\] is the name of a generated source"):
+        run_phases(config, clash, tiny_tokenizer, progress=False, probes=0)
+    with pytest.raises(ConfigError, match="pretrain.recall_documents: must be >= 1"):
+        load_recipe(None, ["pretrain.recall_documents=0"])
+
+
+def test_generated_sources_train_where_listed_and_stay_out_of_the_natural_mix(tmp_path: Path, tiny_tokenizer):
+    from opencomposer.pretrain.phases import run_phases
+
+    phases = ('pretrain.phases=[{name="copying", seq_len=32, steps=4, batch_size=4, warmup_steps=1, '
+              'sources=["copy", "recall", "pkg"], weights=[0.4, 0.4, 0.2]}, '
+              '{name="natural", seq_len=32, steps=3, batch_size=4, warmup_steps=1}]')
+    config = load_recipe(None, [*SMALL_MODEL, f"run.out_dir={tmp_path}", "run.name=r", "run.threads=1",
+                                "pretrain.eval_every=100", "pretrain.eval_batches=1", "pretrain.recall_documents=64",
+                                phases])
+    run_phases(config, _corpus(), tiny_tokenizer, progress=False, probes=0)
+    mix = json.loads((tmp_path / "r" / "mix.json").read_text())
+    assert set(mix["copying"]) == {"copy", "recall", "pkg"} and all(v > 0 for v in mix["copying"].values())
+    assert set(mix["natural"]) == {"pkg"}
+    corpus_report = json.loads((tmp_path / "r" / "corpus.json").read_text())
+    assert set(corpus_report["mix"]) == {"pkg"}  # the corpus report is the corpus's, before generation
+
+
+# the probe recipe of docs/pretraining.md ("The retrieval probe"): three layers, a copy phase, a code
+# phase with the generated sources in the mix, a long-context extension
+PROBE_MODEL = ["model.num_layers=3", "model.num_mtp_layers=0"]
+PROBE_MIX = 'sources=["stdlib", "recall", "copy"], weights=[0.3, 0.5, 0.2]'
+PROBE_EXTENSION_STEPS = 1500
+PROBE_PHASES = (
+    '[{name="copy", seq_len=64, steps=2000, batch_size=16, lr=3e-3, warmup_steps=30, schedule="constant", '
+    'sources=["copy"], weights=[1.0]}, '
+    f'{{name="main", seq_len=64, steps=1500, batch_size=16, lr=3e-3, warmup_steps=10, {PROBE_MIX}}}, '
+    f'{{name="long-context", seq_len=256, steps=EXTENSION, batch_size=8, lr=2e-3, warmup_steps=10, rope_theta=1e5, '
+    f'{PROBE_MIX}}}]'
+)
+
+
+@pytest.mark.slow
+def test_the_retrieval_probe_passes_at_lengths_only_the_extension_trained(tmp_path: Path):
+    """The long-context claim of issue 15, measured (about 15 minutes on one thread). After the
+    64-token phases the model fetches the start of a value planted ~40 tokens earlier, but nothing of
+    one planted ~230 tokens earlier (positions it never trained); after the 256-token extension it
+    fetches that too. Exact match of the whole value at ~230 tokens stays low at this size
+    (docs/pretraining.md, "The retrieval probe"), so the test holds the first token and the value's
+    log-probability, and records the rest."""
+    from opencomposer.model.corpus import build_corpus
+    from opencomposer.pretrain.phases import probe_documents, retrieval_probe, run_phases
+
+    config = load_recipe(ROOT / "recipes" / "pretrain-phases.toml", [
+        f"run.out_dir={tmp_path}", "corpus.sources=['stdlib']", "corpus.max_files=1500", "run.threads=1",
+        "pretrain.checkpoint_every=0", "pretrain.eval_every=500", *PROBE_MODEL,
+        "pretrain.phases=" + PROBE_PHASES.replace("EXTENSION", str(PROBE_EXTENSION_STEPS))])
+    model, tokenizer, result = run_phases(config, progress=False, probes=32)
+    after_main, after_extension = result.phases[1].evals[-1], result.phases[2].evals[-1]
+    print({k: (round(after_main[k], 3), round(after_extension[k], 3)) for k in after_main if "probe" in k})
+    heldout = build_corpus(config.corpus, seed=0, dedup=True, near_duplicate_threshold=0.8, heldout_by="project").heldout
+    print("512 tokens, no phase trained:", retrieval_probe(model, probe_documents(tokenizer, heldout, 512, 32, 0)))
+    assert after_main["probe_short_first_token"] >= 0.5  # the copying skill, within the first phases' length
+    assert after_main["probe_long_accuracy"] == 0.0 and after_main["probe_long_first_token"] <= 0.1
+    assert after_extension["probe_long_first_token"] >= 0.5
+    assert after_extension["probe_long_logprob"] > after_main["probe_long_logprob"] + 3.0
+    assert after_extension["probe_short_accuracy"] >= 0.5
