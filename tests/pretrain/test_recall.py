@@ -130,19 +130,19 @@ def test_generated_sources_train_where_listed_and_stay_out_of_the_natural_mix(tm
 # phase with the generated sources in the mix, a long-context extension
 PROBE_MODEL = ["model.num_layers=3", "model.num_mtp_layers=0"]
 PROBE_MIX = 'sources=["stdlib", "recall", "copy"], weights=[0.3, 0.5, 0.2]'
-PROBE_EXTENSION_STEPS = 1500
+PROBE_EXTENSION_STEPS = 3000
 PROBE_PHASES = (
     '[{name="copy", seq_len=64, steps=2000, batch_size=16, lr=3e-3, warmup_steps=30, schedule="constant", '
     'sources=["copy"], weights=[1.0]}, '
     f'{{name="main", seq_len=64, steps=1500, batch_size=16, lr=3e-3, warmup_steps=10, {PROBE_MIX}}}, '
-    f'{{name="long-context", seq_len=256, steps=EXTENSION, batch_size=8, lr=2e-3, warmup_steps=10, rope_theta=1e5, '
+    f'{{name="long-context", seq_len=256, steps=EXTENSION, batch_size=8, lr=3e-3, warmup_steps=10, rope_theta=1e5, '
     f'{PROBE_MIX}}}]'
 )
 
 
 @pytest.mark.slow
 def test_the_retrieval_probe_passes_at_lengths_only_the_extension_trained(tmp_path: Path):
-    """The long-context claim of issue 15, measured (about 15 minutes on one thread). After the
+    """The long-context claim of issue 15, measured (about 20 minutes on one thread). After the
     64-token phases the model fetches the start of a value planted ~40 tokens earlier, but nothing of
     one planted ~230 tokens earlier (positions it never trained); after the 256-token extension it
     fetches that too. Exact match of the whole value at ~230 tokens stays low at this size
@@ -162,6 +162,6 @@ def test_the_retrieval_probe_passes_at_lengths_only_the_extension_trained(tmp_pa
     print("512 tokens, no phase trained:", retrieval_probe(model, probe_documents(tokenizer, heldout, 512, 32, 0)))
     assert after_main["probe_short_first_token"] >= 0.5  # the copying skill, within the first phases' length
     assert after_main["probe_long_accuracy"] == 0.0 and after_main["probe_long_first_token"] <= 0.1
-    assert after_extension["probe_long_first_token"] >= 0.5
+    assert after_extension["probe_long_first_token"] >= 0.5 and after_extension["probe_long_accuracy"] >= 0.25
     assert after_extension["probe_long_logprob"] > after_main["probe_long_logprob"] + 3.0
     assert after_extension["probe_short_accuracy"] >= 0.5
