@@ -133,8 +133,6 @@ def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: 
     wanted = [s for s in SOURCES if s in names]
     if not wanted:
         return corpus
-    if count < 1:
-        raise ValueError(f"pretrain.recall_documents: a phase lists {wanted}; it needs at least 1 document, got {count}")
     pieces = word_pieces(tokenizer)
     extra: list[CodeFile] = []
     if "copy" in wanted:
