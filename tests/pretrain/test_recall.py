@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from opencomposer.config import ConfigError, load_recipe
@@ -70,8 +71,26 @@ def test_recall_documents_plant_facts_and_repeat_spans_across_training_code(tiny
     for doc in repeated:
         lines = doc.text.split("\n")
         assert lines[0] == lines[-2] and "\n".join(lines[1:-2]) in train_text
-    sizes = [len(d.text) for d in docs]
-    assert min(sizes) < 80 and max(sizes) > 500  # distances from a few tokens to a few hundred
+    gaps = sorted(len("\n".join(d.text.split("\n")[1:-2])) for d in docs)
+    assert gaps[10] < 100 and gaps[-1] > 500  # distances from a few tokens to a few hundred
+
+
+def test_the_recall_gap_is_configurable(tiny_tokenizer):
+    corpus = _corpus()
+    pieces = word_pieces(tiny_tokenizer)
+
+    def gaps(gap_chars):
+        docs = recall_documents(corpus.train, pieces, 200, seed=0, gap_chars=gap_chars)
+        return [len("\n".join(d.text.split("\n")[1:-2])) for d in docs]
+
+    short, wide = gaps(60), gaps(4000)
+    longest_line = max(len(line) for f in corpus.train for line in f.text.splitlines())
+    assert max(short) <= 60 + longest_line  # the budget is reached within one more line
+    assert max(wide) > 1500 and np.median(wide) > np.median(short)
+    with pytest.raises(ValueError, match="at least 10"):
+        recall_documents(corpus.train, pieces, 2, seed=0, gap_chars=5)
+    with pytest.raises(ConfigError, match="recall_gap_chars"):
+        load_recipe(None, ["pretrain.recall_gap_chars=3"])
 
 
 def test_nothing_generated_names_the_probe(tiny_tokenizer):

@@ -153,6 +153,10 @@ class PretrainConfig(Section):
     recall_documents: int = 20_000
     """With phases: documents in each generated source a phase lists (``"copy"``, ``"recall"``:
     ``opencomposer.pretrain.recall``, synthetic text that teaches copying from the context)."""
+    recall_gap_chars: int = 900
+    """With phases: the longest stretch of code (characters) a ``recall`` document puts between a
+    fact and where it is recalled (log-uniform from 10); about 3.5 characters a token. Raise it
+    with a phase long enough to hold it, so that the model learns to copy across that distance."""
     heldout_by: Literal["project", "file"] = "project"
     """With phases: hold out whole source projects (a top-level package or module; no file of a
     held-out project is trained on) or, as without phases, single files."""
@@ -165,6 +169,8 @@ class PretrainConfig(Section):
     def validate(self) -> None:
         if self.recall_documents < 1:
             raise ConfigError(f"pretrain.recall_documents: must be >= 1, got {self.recall_documents}")
+        if self.recall_gap_chars < 10:
+            raise ConfigError(f"pretrain.recall_gap_chars: must be >= 10, got {self.recall_gap_chars}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"pretrain.checkpoint_every: must be >= 0, got {self.checkpoint_every}")
         if not 0.0 < self.near_duplicate_threshold <= 1.0:

@@ -778,7 +778,8 @@ def run_phases(
         state = {**state, "phase": state["phase"] + 1, "step": 0}
 
     listed = {s for p in pc.phases for s in p.sources}  # the generated sources among them join the corpus
-    corpus = with_recall_sources(corpus, tokenizer, listed, pc.recall_documents, config.run.seed)
+    corpus = with_recall_sources(corpus, tokenizer, listed, pc.recall_documents, config.run.seed,
+                                 pc.recall_gap_chars)
     separator = document_separator_id(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     base_len = plan[0].config.seq_len

@@ -15,11 +15,14 @@ So a phase may list two generated sources beside the corpus's:
   A document fits a 64-token row, so the circuit forms in a short first phase.
 - ``recall``: half *planted facts*, ``NAME = "VALUE"``, held-in code, ``assert NAME == "VALUE"``
   (names and values joined from identifiers of the training code), half a random span, held-in
-  code, the same span again. The code between is a log-uniform 10 to ``RECALL_GAP_CHARS``
-  characters of a training file, so the distance to copy across ranges from a few tokens to a few
+  code, the same span again. The code between is a log-uniform 10 to ``pretrain.recall_gap_chars``
+  (default ``RECALL_GAP_CHARS``) characters of a training file, so the distance to copy across ranges from a few tokens to a few
   hundred: at a short first phase most long documents are cut (a row continued from the previous
   one starts its own attention), at the long-context extension they fit, and the model learns to
-  fetch across the new lengths.
+  fetch across the new lengths. A model that must copy across a whole agent context (the
+  ``tiny-long`` family's 2,560-token window: a word read 400-700 tokens before it is written) needs
+  a longer gap (``pretrain.recall_gap_chars``) and a phase at that length (docs/LOG.md,
+  2026-12-05: 4,000 characters, about 1,200 tokens, at 2,560 tokens a row).
 
 Neither source uses the retrieval probe's words (``phases.PROBE_WORDS``) or its names, nor any
 held-out file: the probe stays a held-out measurement. Documents are a pure function of the
@@ -42,7 +45,7 @@ SOURCES = ("copy", "recall")
 """The generated sources a phase may list in ``sources``."""
 SPAN_PIECES = (4, 12)  # a span is this many word pieces (inclusive bounds): a document fits 64 tokens
 SEPARATORS = ("", "", "", "_", "_", " ", ".", '"', ", ", " = ")  # between two pieces (glued most often)
-RECALL_GAP_CHARS = 900  # the longest stretch of code between what is said and where it is recalled
+RECALL_GAP_CHARS = 900  # default longest stretch of code between what is said and where it is recalled
 IDENTIFIER_FILES = 500  # training files whose identifiers name planted facts
 _IDENTIFIER = re.compile(r"\b[a-z][a-z]{2,9}\b")
 
@@ -72,10 +75,11 @@ def identifiers(files: list[CodeFile]) -> list[str]:
     return sorted(w for w in words if not _excluded(w))
 
 
-def _code(files: list[CodeFile], rng: np.random.Generator) -> str:
-    """A log-uniform 10 to ``RECALL_GAP_CHARS`` characters of whole lines of a training file."""
+def _code(files: list[CodeFile], rng: np.random.Generator, gap_chars: int) -> str:
+    """A log-uniform 10 to ``gap_chars`` characters of whole lines of a training file (fewer where
+    the file ends first)."""
     lines = files[int(rng.integers(len(files)))].text.splitlines()
-    budget = math.exp(rng.uniform(math.log(10), math.log(RECALL_GAP_CHARS)))
+    budget = math.exp(rng.uniform(math.log(10), math.log(gap_chars)))
     start = int(rng.integers(len(lines))) if lines else 0
     out: list[str] = []
     size = 0
@@ -107,8 +111,12 @@ def copy_documents(pieces: list[str], count: int, seed: int) -> list[CodeFile]:
             for i, span in enumerate(_span(pieces, rng) for _ in range(count))]
 
 
-def recall_documents(files: list[CodeFile], pieces: list[str], count: int, seed: int) -> list[CodeFile]:
-    """``count`` documents (source ``recall``): planted facts and spans repeated across code."""
+def recall_documents(files: list[CodeFile], pieces: list[str], count: int, seed: int,
+                     gap_chars: int = RECALL_GAP_CHARS) -> list[CodeFile]:
+    """``count`` documents (source ``recall``): planted facts and spans repeated across up to
+    ``gap_chars`` characters of code."""
+    if gap_chars < 10:
+        raise ValueError(f"recall sources: the gap must allow at least 10 characters of code, got {gap_chars}")
     if not files:
         raise ValueError("recall sources: no training files to take code and identifiers from")
     words = identifiers(files)
@@ -120,16 +128,18 @@ def recall_documents(files: list[CodeFile], pieces: list[str], count: int, seed:
         if i % 2 == 0:
             name = "_".join(rng.choice(words, size=2, replace=False))
             value = "_".join(rng.choice(words, size=2, replace=False))
-            text = f'{name} = "{value}"\n{_code(files, rng)}assert {name} == "{value}"\n'
+            text = f'{name} = "{value}"\n{_code(files, rng, gap_chars)}assert {name} == "{value}"\n'
         else:
             span = _span(pieces, rng)
-            text = f"{span}\n{_code(files, rng)}{span}\n"
+            text = f"{span}\n{_code(files, rng, gap_chars)}{span}\n"
         out.append(CodeFile("recall", f"recall/{i}.py", text))
     return out
 
 
-def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: int, seed: int) -> Corpus:
-    """``corpus`` with the generated sources among ``names`` added to its training files."""
+def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: int, seed: int,
+                        gap_chars: int = RECALL_GAP_CHARS) -> Corpus:
+    """``corpus`` with the generated sources among ``names`` added to its training files
+    (``gap_chars``: ``recall_documents``)."""
     wanted = [s for s in SOURCES if s in names]
     if not wanted:
         return corpus
@@ -138,5 +148,5 @@ def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: 
     if "copy" in wanted:
         extra += copy_documents(pieces, count, seed)
     if "recall" in wanted:
-        extra += recall_documents(corpus.train, pieces, count, seed)
+        extra += recall_documents(corpus.train, pieces, count, seed, gap_chars)
     return Corpus(train=corpus.train + extra, heldout=corpus.heldout, dropped=corpus.dropped)
