@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ from opencomposer.config import load_recipe
 from opencomposer.envs.rollout import run_episode
 from opencomposer.inference import LocalEngine
 from opencomposer.model.loading import load_model
-from opencomposer.tasks.generators.long import WORDS
+from opencomposer.tasks.generators.long import WORDS, mentions, opening_facts, summary_retention
 from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
 from opencomposer.types import Context, Episode, PolicyOutput
 
@@ -71,55 +71,25 @@ class ModelSummaries:
         return self.model.act(context) if context.summary else self.oracle.act(context)
 
 
-def has(word: str, text: str) -> bool:
-    return re.search(rf"\b{re.escape(word)}\b", text, flags=re.IGNORECASE) is not None
-
-
-def content(message: Any) -> str:
-    """A message's facts: a resume message's summary alone (its state block's fixed wording holds
-    vocabulary words such as "model" and "state"), a tool output whole, nothing else."""
-    if message.role == "tool":
-        return message.content
-    if message.role == "user":
-        found = re.search(r"<summary>\n(.*)\n</summary>", message.content, flags=re.DOTALL)
-        return found.group(1) if found else ""
-    return ""
-
-
-def opening_text(segment: Any) -> str:
-    """What a segment opens with beyond the system prompt and the task: the summary, or the tool
-    outputs truncation kept (the oracle's own turns hold no key words before the write)."""
-    return "\n".join(content(m) for m in segment.messages[2:])
-
-
 def visible_at_write(segment: Any) -> str:
     """What the last segment shows the agent before its write turn: its opening and its reads."""
     seen = []
     for m in segment.messages[2:]:
         if m.role == "assistant" and "write_file" in m.content:
             break
-        seen.append(content(m))
-    return "\n".join(seen)
+        seen.append(m)
+    return opening_facts(SimpleNamespace(messages=[None, None, *seen]))
 
 
 def measure(episode: Episode, words: tuple[str, ...]) -> dict[str, float]:
     others = [w for w in WORDS if w not in words]
-    retention, spurious = [], []
-    reads = 0
-    for i, segment in enumerate(episode.segments):
-        if i:
-            seen = words[:reads]
-            text = opening_text(segment)
-            if seen:
-                retention.append(np.mean([has(w, text) for w in seen]))
-            spurious.append(np.mean([has(w, text) for w in others]))
-        reads += sum(1 for t in segment.turns if not t.summary and any(c.name == "read_file" for c in t.tool_calls))
+    spurious = [np.mean([mentions(opening_facts(segment), w) for w in others]) for segment in episode.segments[1:]]
     wrote = any(c.name == "write_file" for t in episode.turns for c in t.tool_calls)
-    answerable = wrote and all(has(w, visible_at_write(episode.segments[-1])) for w in words)
+    answerable = wrote and all(mentions(visible_at_write(episode.segments[-1]), w) for w in words)
     m = episode.metrics
     return {
         "answerable": float(answerable),
-        "retention": float(np.mean(retention)) if retention else float("nan"),
+        "retention": summary_retention(episode, words),
         "spurious": float(np.mean(spurious)) if spurious else float("nan"),
         "segments": m.get("segments", 1.0),
         "summaries": m.get("summaries", 0.0),

@@ -229,3 +229,36 @@ def test_the_baselines_run_the_family_end_to_end(tmp_path, tiny_tokenizer, polic
     assert episode.status == EpisodeStatus.OK and episode.reward == 1.0, episode.error
     assert len(episode.segments) >= 2 and not any(t.summary for t in episode.turns)
     assert all(len(s.token_ids()) <= CONTEXT_WINDOW for s in episode.segments)
+
+
+class ForgetfulOracle(ScriptedPolicy):
+    """The oracle's work turns, with summaries that keep only the newest note's word."""
+
+    def summary(self, task, played):
+        full = super().summary(task, played)
+        return "\n".join(line for line in full.splitlines() if "key" not in line or line == _last_key_line(full))
+
+
+def _last_key_line(summary: str) -> str:
+    return [line for line in summary.splitlines() if "key" in line][-1]
+
+
+@pytest.mark.integration
+@pytest.mark.bwrap
+def test_summary_retention_scores_what_the_summaries_carry(tmp_path, tiny_tokenizer):
+    """``summary_retention``: the oracle's summaries carry every word read (1.0); summaries that
+    keep only the newest word carry 1/n of the n words read before the n-th fresh segment."""
+    spec, task = written(tmp_path, 0, "train", first_of_length("train", 4))
+    config = load_recipe(None, [f"agent.context_window={CONTEXT_WINDOW}", "agent.context_policy=self_summary",
+                                "grading.lint=false"])
+    episode = run_episode(task, ScriptedPolicy(oracle_script, tokenizer=tiny_tokenizer), config)
+    assert episode.reward == 1.0 and len(episode.segments) == spec.k + 2  # a summary after every read
+    assert long.summary_retention(episode, spec.words) == 1.0
+
+    forgetful = run_episode(task, ForgetfulOracle(oracle_script, tokenizer=tiny_tokenizer), config)
+    assert forgetful.reward == 1.0  # the oracle writes from its script, not from what it was told
+    # segment n (n = 1..K) opens after n reads and names the newest word only; the last one opens
+    # after the write, whose note ("wrote out.txt: ...") names all K
+    expected = [1 / n for n in range(1, spec.k + 1)] + [1.0]
+    assert long.summary_retention(forgetful, spec.words) == pytest.approx(sum(expected) / len(expected))
+    assert long.notes_read(episode.segments[0]) == {1} and long.notes_read(episode.segments[-1]) == set()

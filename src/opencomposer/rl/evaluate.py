@@ -9,7 +9,10 @@ differ only by the weights.
   episodes;
 - ``pass_at_1``: resolved rate over scored episodes (the unbiased pass@1 estimate from K samples);
 - ``best_of_k``: share of tasks with at least one resolved sample among their K;
-- ``format_error_rate``: share of the model's turns that could not be parsed into tool calls.
+- ``format_error_rate``: share of the model's turns that could not be parsed into tool calls;
+- ``summary_retention`` (``tiny-long`` tasks with more than one segment): the share of the facts
+  read before a segment that it opens with (``tasks.generators.long.summary_retention``), a
+  measure of the summaries' quality.
 
 Infrastructure failures are counted and left out, never scored as zeros. With ``record``, every
 episode is also written there, one JSON line each (``episode_record``: status, resolved, the text
@@ -32,6 +35,8 @@ from opencomposer.inference.batching import BatchingEngine
 from opencomposer.rl.rewards import episode_reward
 from opencomposer.rl.rollouts import episode_seed, run_groups
 from opencomposer.sandbox.patch import diff_stats
+from opencomposer.tasks.generators.long import NAME as LONG_FAMILY
+from opencomposer.tasks.generators.long import summary_retention
 from opencomposer.types import Grade, Task
 
 
@@ -51,7 +56,7 @@ def evaluate(
     seeds = [[episode_seed(config.run.seed, "eval", t, j) for j in range(samples)] for t in range(len(tasks))]
     groups = run_groups(tasks, batcher, tokenizer, config, group_size=samples, seeds=seeds, out_dir=out_dir,
                         workers=config.rl.rollout_workers, grader=grader)
-    rewards, resolved, best, tokens, turns = [], [], [], [], []
+    rewards, resolved, best, tokens, turns, retention = [], [], [], [], [], []
     format_errors = 0
     infra = 0
     for group in groups:
@@ -68,6 +73,10 @@ def evaluate(
             tokens.append(sum(len(turn.token_ids) for turn in episode.turns))
             turns.append(len(episode.turns))
             format_errors += sum(turn.format_error is not None for turn in episode.turns)
+            if group.task.metadata.get("family") == LONG_FAMILY and len(episode.segments) > 1:
+                share = summary_retention(episode, tuple(group.task.metadata["words"]))
+                if not np.isnan(share):
+                    retention.append(share)
         best.append(max(float(episode.grade.resolved) for episode in scored))
 
     if record is not None:
@@ -92,6 +101,7 @@ def evaluate(
         "episode_turns": mean(turns),
         "format_error_rate": format_errors / sum(turns) if sum(turns) else float("nan"),
         **chain_metrics([e for group in groups for e in group.episodes]),
+        **({"summary_retention": mean(retention)} if retention else {}),
     }
 
 
@@ -104,6 +114,6 @@ def episode_record(task: Task, episode: Any) -> dict[str, Any]:
         "resolved": None if episode.grade is None else float(episode.grade.resolved),
         "fail_to_pass": None if episode.grade is None else episode.grade.fail_to_pass,
         "error": episode.error,
-        "turns": [{"text": turn.text, "format_error": turn.format_error,
+        "turns": [{"text": turn.text, "format_error": turn.format_error, "summary": turn.summary,
                    "tool_calls": [call.name for call in turn.tool_calls]} for turn in episode.turns],
     }

@@ -47,6 +47,10 @@ The oracle's walkthrough is ``solution/script.json`` (``agent.policies.scripted.
 one ``read_file`` per note, one per turn, each with a ``note`` ("notes/part2.txt: key = node")
 that the oracle's summaries repeat; then ``write_file out.txt``; then ``finish``.
 ``solution/gold.patch`` holds the same change, for the grader and ``verify_task``.
+
+Summary quality (``summary_retention``): over the segments after the first, the share of the key
+words of the notes read in earlier segments that the segment opens with (its summary, or the tool
+outputs truncation kept). Held-out evaluation during RL reports its mean for the family's tasks.
 """
 
 from __future__ import annotations
@@ -235,6 +239,56 @@ def long_spec(seed: int, split: Split, index: int, family_name: str = NAME) -> L
     words = combos[int(round_order[index % len(combos)])]
     return LongSpec(family=family_name, split=split, index=index, words=words,
                     layout=_hash(f"{family_name}/{seed}/{split}/{index}"))
+
+
+def mentions(text: str, word: str) -> bool:
+    """``text`` names ``word`` as a whole word (any case)."""
+    return re.search(rf"\b{re.escape(word)}\b", text, flags=re.IGNORECASE) is not None
+
+
+def opening_facts(segment: Any) -> str:
+    """What a segment opens with beyond the system prompt and the task: a resume message's summary
+    alone (its state block's fixed wording holds words such as "model" and "state"), and whole
+    tool outputs (those truncation kept); the agent's own turns are left out."""
+    parts = []
+    for m in segment.messages[2:]:
+        if m.role == "tool":
+            parts.append(m.content)
+        elif m.role == "user":
+            found = re.search(r"<summary>\n(.*)\n</summary>", m.content, flags=re.DOTALL)
+            parts.append(found.group(1) if found else "")
+    return "\n".join(parts)
+
+
+_NOTE = re.compile(r"notes/part(\d+)\.txt")
+
+
+def notes_read(segment: Any) -> set[int]:
+    """The parts whose note a segment's work turns read (``read_file`` of ``notes/partN.txt``)."""
+    parts = set()
+    for turn in segment.turns:
+        if turn.summary:
+            continue
+        for c in turn.tool_calls:
+            found = _NOTE.fullmatch(str(c.arguments.get("path", ""))) if c.name == "read_file" else None
+            if found:
+                parts.add(int(found.group(1)))
+    return parts
+
+
+def summary_retention(episode: Any, words: tuple[str, ...]) -> float:
+    """Over ``episode``'s segments after the first, the share of the words of the notes read in
+    earlier segments that the segment opens with (``opening_facts``); NaN when no segment follows
+    a read."""
+    shares = []
+    read: set[int] = set()
+    for i, segment in enumerate(episode.segments):
+        known = [words[part - 1] for part in sorted(read) if 1 <= part <= len(words)]
+        if i and known:
+            text = opening_facts(segment)
+            shares.append(sum(mentions(text, w) for w in known) / len(known))
+        read |= notes_read(segment)
+    return float(np.mean(shares)) if shares else float("nan")
 
 
 def hidden_test(words: tuple[str, ...]) -> str:
