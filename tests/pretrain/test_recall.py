@@ -7,6 +7,7 @@ MoE to copy."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,16 @@ from opencomposer.config import ConfigError, load_recipe
 from opencomposer.model.corpus import CodeFile, Corpus
 from opencomposer.pretrain.phases import PROBE_WORDS
 from opencomposer.pretrain.recall import (
+    APPEND_ITEMS,
+    APPEND_LABELS,
+    append_documents,
     copy_documents,
     identifiers,
     recall_documents,
     with_recall_sources,
     word_pieces,
 )
+from opencomposer.pretrain.recall import SOURCES as GENERATED
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "src" / "opencomposer"
@@ -93,25 +98,50 @@ def test_the_recall_gap_is_configurable(tiny_tokenizer):
         load_recipe(None, ["pretrain.recall_gap_chars=3"])
 
 
+def test_append_documents_extend_a_list_with_a_labelled_word(tiny_tokenizer):
+    """An ``append`` document's last line is its first with the labelled word added: copying the
+    first line gets every token of the last but the new word, which only the label's line holds."""
+    corpus = _corpus()
+    train_text = "\n".join(f.text for f in corpus.train)
+    docs = append_documents(corpus.train, 200, seed=0)
+    sizes = set()
+    for doc in docs:
+        lines = doc.text.split("\n")
+        name, old = lines[0].split(" = ")
+        new_name, new = lines[-2].split(" = ")
+        assert new_name == name and lines[-1] == ""
+        before, after = old.strip('"').split(), new.strip('"').split()
+        assert after[:-1] == before and after[-1] not in before  # the same list, one word more
+        marked = [line for line in lines[1:-2] if re.fullmatch(rf"({'|'.join(APPEND_LABELS)}): {after[-1]}", line)]
+        assert len(marked) == 1 and all(line in train_text for line in lines[1:-2] if line not in marked)
+        tokens_old, tokens_new = _ids(tiny_tokenizer, lines[0]), _ids(tiny_tokenizer, lines[-2])
+        assert tokens_new[: len(tokens_old) - 1] == tokens_old[:-1] or not before  # copying carries the prefix
+        sizes.add(len(before))
+    assert sizes == set(range(APPEND_ITEMS[0], APPEND_ITEMS[1] + 1))
+    with pytest.raises(ValueError, match="at least 10"):
+        append_documents(corpus.train, 2, seed=0, gap_chars=5)
+
+
 def test_nothing_generated_names_the_probe(tiny_tokenizer):
     corpus = _corpus()
     poisoned = [*corpus.train, CodeFile("pkg", "poison.py", " ".join(f"{w} = probe_{w}" for w in PROBE_WORDS))]
     pieces = word_pieces(tiny_tokenizer)
     words = identifiers([poisoned[-1], *poisoned])
     assert not any(w in PROBE_WORDS or "probe" in w for w in words)
-    for doc in copy_documents(pieces, 300, seed=1) + recall_documents(poisoned, pieces, 300, seed=1):
+    for doc in (copy_documents(pieces, 300, seed=1) + recall_documents(poisoned, pieces, 300, seed=1)
+                + append_documents(poisoned, 300, seed=1)):
         head = doc.text.split("\n")[0].lower()  # what a document asks to recall
         assert "probe" not in head and not any(w in head for w in PROBE_WORDS)
 
 
 def test_generated_sources_are_a_pure_function_of_the_seed(tiny_tokenizer):
     corpus = _corpus()
-    one = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall"}, 50, seed=3)
-    again = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall", "pkg"}, 50, seed=3)
-    other = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall"}, 50, seed=4)
+    one = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall", "append"}, 50, seed=3)
+    again = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall", "append", "pkg"}, 50, seed=3)
+    other = with_recall_sources(corpus, tiny_tokenizer, {"copy", "recall", "append"}, 50, seed=4)
     assert one.train == again.train and one.train != other.train
     assert one.heldout == corpus.heldout and one.train[: len(corpus.train)] == corpus.train
-    assert sum(f.source == "copy" for f in one.train) == sum(f.source == "recall" for f in one.train) == 50
+    assert [sum(f.source == s for f in one.train) for s in GENERATED] == [50, 50, 50]
     assert with_recall_sources(corpus, tiny_tokenizer, {"pkg"}, 50, seed=3) is corpus  # nothing listed, nothing added
 
 

@@ -151,10 +151,10 @@ class PretrainConfig(Section):
     """Estimated Jaccard similarity (MinHash over 5-word shingles) from which two files count as
     near-duplicates; 1.0 keeps near-duplicates and drops exact copies only."""
     recall_documents: int = 20_000
-    """With phases: documents in each generated source a phase lists (``"copy"``, ``"recall"``:
+    """With phases: documents in each generated source a phase lists (``"copy"``, ``"recall"``, ``"append"``:
     ``opencomposer.pretrain.recall``, synthetic text that teaches copying from the context)."""
     recall_gap_chars: int = 900
-    """With phases: the longest stretch of code (characters) a ``recall`` document puts between a
+    """With phases: the longest stretch of code (characters) a ``recall`` or ``append`` document puts between a
     fact and where it is recalled (log-uniform from 10); about 3.5 characters a token. Raise it
     with a phase long enough to hold it, so that the model learns to copy across that distance."""
     heldout_by: Literal["project", "file"] = "project"

@@ -18,8 +18,8 @@ logits equal those of the document alone). Every target is predictable from its 
 document predicts its first token, a document's last token predicts the next separator (the end
 of the file). Each row is drawn from one source, chosen by the phase's weights with a seeded
 generator; the tokens trained per source are reported in ``mix.json``. Besides the corpus's
-sources a phase may list the generated ``copy`` and ``recall`` (``pretrain.recall``: documents
-that teach copying from the context, which the tiny model does not learn from code alone).
+sources a phase may list the generated ``copy``, ``recall`` and ``append`` (``pretrain.recall``:
+documents that teach copying from the context, which the tiny model does not learn from code alone).
 
 **Losses.** ``LOSSES`` maps a name of ``PhaseConfig.losses`` to the function that computes it on
 a step; a phase sums those it lists. ``lm``: next-token cross-entropy on the packed rows (plus the

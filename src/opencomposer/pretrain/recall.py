@@ -24,7 +24,15 @@ So a phase may list two generated sources beside the corpus's:
   a longer gap (``pretrain.recall_gap_chars``) and a phase at that length (docs/LOG.md,
   2026-12-05: 4,000 characters, about 1,200 tokens, at 2,560 tokens a row).
 
-Neither source uses the retrieval probe's words (``phases.PROBE_WORDS``) or its names, nor any
+- ``append``: a name assigned a list of 0-6 words (``NAME = "w1 w2"``), held-in code, a line
+  ``LABEL: WORD`` (``LABEL`` one of ``APPEND_LABELS``), more code, then the name assigned the list
+  with ``WORD`` appended (``NAME = "w1 w2 WORD"``). The last word is where plain copying fails:
+  the earlier assignment goes on with the closing quote, so the model must stop copying and fetch
+  the labelled word instead. This is the step that carrying facts through summaries needs (a
+  running list of findings, each summary adds the newest), and the one the tiny model does not
+  learn from agent demonstrations alone (docs/LOG.md, 2026-12-05, issue 14).
+
+None of the sources uses the retrieval probe's words (``phases.PROBE_WORDS``) or its names, nor any
 held-out file: the probe stays a held-out measurement. Documents are a pure function of the
 training files, the tokenizer and the seed, so every rank and every resumed run draws the same
 ones. ``pretrain.recall_documents`` sets how many each source holds (rows are drawn from a
@@ -41,12 +49,14 @@ import numpy as np
 
 from opencomposer.model.corpus import CodeFile, Corpus
 
-SOURCES = ("copy", "recall")
+SOURCES = ("copy", "recall", "append")
 """The generated sources a phase may list in ``sources``."""
 SPAN_PIECES = (4, 12)  # a span is this many word pieces (inclusive bounds): a document fits 64 tokens
 SEPARATORS = ("", "", "", "_", "_", " ", ".", '"', ", ", " = ")  # between two pieces (glued most often)
 RECALL_GAP_CHARS = 900  # default longest stretch of code between what is said and where it is recalled
 IDENTIFIER_FILES = 500  # training files whose identifiers name planted facts
+APPEND_LABELS = ("key", "item", "next", "add", "new")  # what an append document's new word is marked with
+APPEND_ITEMS = (0, 6)  # the list an append document extends holds this many words (inclusive bounds)
 _IDENTIFIER = re.compile(r"\b[a-z][a-z]{2,9}\b")
 
 
@@ -136,6 +146,29 @@ def recall_documents(files: list[CodeFile], pieces: list[str], count: int, seed:
     return out
 
 
+def append_documents(files: list[CodeFile], count: int, seed: int, gap_chars: int = RECALL_GAP_CHARS) -> list[CodeFile]:
+    """``count`` documents (source ``append``, module doc): a list, code, a labelled word, code (up
+    to a third of ``gap_chars``), the list with the word appended."""
+    if gap_chars < 10:
+        raise ValueError(f"append sources: the gap must allow at least 10 characters of code, got {gap_chars}")
+    if not files:
+        raise ValueError("append sources: no training files to take code and identifiers from")
+    words = identifiers(files)
+    if len(words) < APPEND_ITEMS[1] + 3:
+        raise ValueError("append sources: the training files hold too few identifiers to make lists of")
+    rng = np.random.default_rng([seed, 0xA99E])
+    out = []
+    for i in range(count):
+        name = "_".join(rng.choice(words, size=2, replace=False))
+        items = [str(w) for w in rng.choice(words, size=int(rng.integers(APPEND_ITEMS[0], APPEND_ITEMS[1] + 1)) + 1,
+                                            replace=False)]
+        label = APPEND_LABELS[int(rng.integers(len(APPEND_LABELS)))]
+        text = (f'{name} = "{" ".join(items[:-1])}"\n{_code(files, rng, gap_chars)}{label}: {items[-1]}\n'
+                f'{_code(files, rng, max(10, gap_chars // 3))}{name} = "{" ".join(items)}"\n')
+        out.append(CodeFile("append", f"append/{i}.py", text))
+    return out
+
+
 def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: int, seed: int,
                         gap_chars: int = RECALL_GAP_CHARS) -> Corpus:
     """``corpus`` with the generated sources among ``names`` added to its training files
@@ -149,4 +182,6 @@ def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: 
         extra += copy_documents(pieces, count, seed)
     if "recall" in wanted:
         extra += recall_documents(corpus.train, pieces, count, seed, gap_chars)
+    if "append" in wanted:
+        extra += append_documents(corpus.train, count, seed, gap_chars)
     return Corpus(train=corpus.train + extra, heldout=corpus.heldout, dropped=corpus.dropped)
