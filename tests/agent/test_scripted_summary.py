@@ -13,6 +13,7 @@ from opencomposer.agent.policies.scripted import (
     NotedTurn,
     ScriptedPolicy,
     call,
+    latest_by_label,
     load_script,
     oracle_script,
     render_turn,
@@ -145,3 +146,17 @@ def test_the_oracle_plays_the_walkthrough_in_the_loop(tmp_path, tokenizer):
     assert episode.status == EpisodeStatus.OK and len(episode.turns) == 3
     assert "key: tree" in episode.segments[0].messages[3].content  # the read's output
     assert diff == task.gold_patch
+
+
+def test_a_later_note_with_the_same_label_replaces_the_earlier_one(task, tokenizer):
+    """A running fact (``LABEL: text``) appears once in a summary, as it stands; notes with other
+    labels, and lines without one, are all kept in order."""
+    running = [
+        NotedTurn([call("read_file", path="a.txt")], note="found so far: tree"),
+        NotedTurn([call("read_file", path="b.txt")], note="b.txt: empty"),
+        NotedTurn([call("read_file", path="c.txt")], note="found so far: tree node"),
+        NotedTurn([call("run", command="ls")]),
+    ]
+    summary = ScriptedPolicy(running, tokenizer=tokenizer).act(context(task, turn_index=4, summaries=0, summary=True)).text
+    assert "Done:\n- b.txt: empty\n- found so far: tree node\n- run ls\nRemaining:" in summary
+    assert latest_by_label(["x: 1", "y", "x: 2", "y", "z: 3"]) == ["y", "x: 2", "y", "z: 3"]

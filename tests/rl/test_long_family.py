@@ -15,7 +15,7 @@ import pytest
 
 from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policies.scripted import NotedTurn, ScriptedPolicy, oracle_script
-from opencomposer.agent.protocol import encode
+from opencomposer.agent.protocol import encode, format_tool_call
 from opencomposer.config import ConfigError, load_recipe
 from opencomposer.envs.rollout import run_episode
 from opencomposer.tasks.generators import long
@@ -99,11 +99,13 @@ def test_the_task_folder_holds_the_walkthrough_and_budgets(tmp_path):
     turns = oracle_script(task)
     assert all(isinstance(turn, NotedTurn) for turn in turns) and len(turns) == k + 2
     assert [turn[0].name for turn in turns] == ["read_file"] * k + ["write_file", "finish"]
-    assert [turn.note for turn in turns[:k]] == [f"notes/part{i}.txt: key = {w}" for i, w in enumerate(spec.words, 1)]
+    pending = [f'pending write_file: {{"path": "out.txt", "content": "{" ".join(spec.words[:i])}"}}' for i in range(1, k + 1)]
+    assert [turn.note for turn in turns[:k]] == pending  # the answer's write, with the words read so far
     assert turns[k][0].arguments == {"path": "out.txt", "content": answer + "\n"}
     raw = json.loads((task.path / "solution" / "script.json").read_text())
-    assert raw[0] == {"calls": [{"name": "read_file", "arguments": {"path": "notes/part1.txt"}}],
-                      "note": f"notes/part1.txt: key = {spec.words[0]}"}
+    assert raw[0] == {"calls": [{"name": "read_file", "arguments": {"path": "notes/part1.txt"}}], "note": pending[0]}
+    # the final write's arguments repeat the last note's, token for token up to the closing newline
+    assert ('"arguments": ' + pending[-1].split(": ", 1)[1][:-2] + "\\n") in format_tool_call("write_file", turns[k][0].arguments)
 
 
 def test_a_wrong_demonstration_misreads_one_note(tmp_path):
@@ -113,7 +115,8 @@ def test_a_wrong_demonstration_misreads_one_note(tmp_path):
     assert f"+{' '.join(wrong)}\n" in task.gold_patch
     turns = oracle_script(task)
     assert turns[spec.k][0].arguments["content"] == " ".join(wrong) + "\n"
-    assert turns[spec.mistake_position].note.endswith("key = data")
+    assert turns[spec.mistake_position].note.endswith('data"}')
+    assert all("data" in turn.note for turn in turns[spec.mistake_position: spec.k])  # carried from there on
     with pytest.raises(ValueError, match="one word"):
         write_tiny_task(tmp_path / "bad", spec, answer="two words")
 
@@ -196,8 +199,8 @@ def test_the_window_needs_a_context_policy(tmp_path, tiny_tokenizer):
     assert episode.status == EpisodeStatus.OK and episode.reward == 1.0, episode.error
     assert len(episode.segments) > 2
     assert all(len(segment.token_ids()) <= CONTEXT_WINDOW for segment in episode.segments)
-    last = episode.summaries[-1]
-    assert all(f"notes/part{i}.txt: key = " in last for i in range(1, max(LENGTHS) + 1))  # facts carried forward
+    last = episode.summaries[-1]  # facts carried forward: one running list, as it stands
+    assert last.count("pending write_file") == 1 and '"content": "' + " ".join(task.metadata["words"]) + '"' in last
 
 
 @pytest.mark.integration
@@ -232,15 +235,10 @@ def test_the_baselines_run_the_family_end_to_end(tmp_path, tiny_tokenizer, polic
 
 
 class ForgetfulOracle(ScriptedPolicy):
-    """The oracle's work turns, with summaries that keep only the newest note's word."""
+    """The oracle's work turns, with summaries whose running list keeps only the newest word."""
 
     def summary(self, task, played):
-        full = super().summary(task, played)
-        return "\n".join(line for line in full.splitlines() if "key" not in line or line == _last_key_line(full))
-
-
-def _last_key_line(summary: str) -> str:
-    return [line for line in summary.splitlines() if "key" in line][-1]
+        return re.sub(r'"content": "(?:\S+ )*(\S+)"', r'"content": "\1"', super().summary(task, played))
 
 
 @pytest.mark.integration

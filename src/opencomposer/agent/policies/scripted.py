@@ -14,7 +14,9 @@ Summaries (``agent.context_policy``): when the loop asks for one (``Context.summ
 is the last message) the policy answers with a plain-text summary instead of its next turn, and it
 indexes its script by ``turn_index - summaries``, so summaries never shift the script. The summary
 (``ScriptedPolicy.summary``) is computed from that script position alone: the turns already played
-(their ``note`` where a ``NotedTurn`` has one, else a compact line per tool call) and the steps
+(their ``note`` where a ``NotedTurn`` has one, else a compact line per tool call; a note
+``LABEL: text`` replaces an earlier note with the same label, so a running fact such as a list of
+findings appears once, as it stands) and the steps
 that remain (each call's tool and the command, pattern or path it acts on, never its content,
 which the agent could not know yet). After a summary the next context holds only the system prompt, the task and that summary,
 so a summary computed from the position carries every earlier fact forward, complete and
@@ -50,8 +52,9 @@ SUMMARY_ARGUMENT_CHARS = 80  # a summary line shows at most this much of a path 
 
 class NotedTurn(list[ToolCall]):
     """A turn of tool calls with a ``note``: what playing it taught the agent (e.g.
-    "notes/part2.txt: key = node"), which the oracle's summaries repeat. It is a plain list of
-    calls to everything else (rendering, ``one_turn_oracle``)."""
+    "notes/part2.txt: key = node"), which the oracle's summaries repeat (the latest note of each
+    label: ``script_summary``). It is a plain list of calls to everything else (rendering,
+    ``one_turn_oracle``)."""
 
     def __init__(self, calls: Iterable[ToolCall] = (), note: str = ""):
         super().__init__(calls)
@@ -85,11 +88,18 @@ def describe_turn(turn: ScriptTurn) -> list[str]:
     return [note] if note else [describe_call(c) for c in turn]
 
 
+def latest_by_label(lines: list[str]) -> list[str]:
+    """``lines`` where a line ``LABEL: text`` drops every earlier line with the same ``LABEL``
+    (the text before the first ": "); lines without one are all kept, in order."""
+    last = {line.split(": ", 1)[0]: i for i, line in enumerate(lines) if ": " in line}
+    return [line for i, line in enumerate(lines) if ": " not in line or last[line.split(": ", 1)[0]] == i]
+
+
 def script_summary(turns: Sequence[ScriptTurn], played: int) -> str:
     """The oracle's summary after ``played`` turns of ``turns``: what was done and learned, and
     the steps that remain (module doc)."""
     played = min(played, len(turns))
-    done = [line for turn in turns[:played] for line in describe_turn(turn)]
+    done = latest_by_label([line for turn in turns[:played] for line in describe_turn(turn)])
     remaining = ([describe_call(c) for turn in turns[played:] if not isinstance(turn, str) for c in turn]
                  or ["finish"])
     lines = [f"Progress: {played} of {len(turns)} planned steps done.", "Done:"]

@@ -44,8 +44,15 @@ summary turns against the budget, and room for a few mistakes where it does not.
 segments that a summary after every tool output makes, and one spare. ``max_wall_s = 120 + 30 K``.
 
 The oracle's walkthrough is ``solution/script.json`` (``agent.policies.scripted.oracle_script``):
-one ``read_file`` per note, one per turn, each with a ``note`` ("notes/part2.txt: key = node")
-that the oracle's summaries repeat; then ``write_file out.txt``; then ``finish``.
+one ``read_file`` per note, one per turn, then ``write_file out.txt``, then ``finish``. Each read's
+``note``, which the oracle's summaries repeat, is the write as it would be with the words read so
+far: ``pending write_file: {"path": "out.txt", "content": "list node"}``. A later note with the
+same label replaces it in a summary (``script_summary``), so a summary carries one running list,
+and the final write repeats the last note's arguments token for token. That form is chosen for a
+small model: it copies text it sees again in the same form, while gathering words from one line
+per note into a list is a step it does not learn from demonstrations (docs/LOG.md, 2026-12-05).
+What it must still learn is to add the newest word to the list (the ``append`` pretraining
+source, ``pretrain.recall``).
 ``solution/gold.patch`` holds the same change, for the grader and ``verify_task``.
 
 Summary quality (``summary_retention``): over the segments after the first, the share of the key
@@ -302,13 +309,21 @@ def hidden_test(words: tuple[str, ...]) -> str:
     )
 
 
+PENDING_LABEL = "pending write_file"
+
+
+def pending_note(words: tuple[str, ...]) -> str:
+    """A read's note: the answer's write with the words found so far (module doc)."""
+    return f"{PENDING_LABEL}: " + json.dumps({"path": OUT_FILE, "content": " ".join(words)})
+
+
 def walkthrough(spec: LongSpec, written: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The oracle's turns (``solution/script.json``): each note read in its own turn, noting its
-    word, then the write of ``written`` and ``finish``."""
+    """The oracle's turns (``solution/script.json``): each note read in its own turn, noting the
+    pending write with the words so far, then the write of ``written`` and ``finish``."""
     turns: list[dict[str, Any]] = [
         {"calls": [{"name": "read_file", "arguments": {"path": spec.note_path(part)}}],
-         "note": f"{spec.note_path(part)}: key = {word}"}
-        for part, word in enumerate(written, 1)
+         "note": pending_note(written[:part])}
+        for part in range(1, len(written) + 1)
     ]
     answer = " ".join(written)
     turns.append({"calls": [{"name": "write_file", "arguments": {"path": OUT_FILE, "content": answer + "\n"}}],
