@@ -37,7 +37,6 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -49,7 +48,7 @@ from opencomposer.config import load_recipe
 from opencomposer.envs.rollout import run_episode
 from opencomposer.inference import LocalEngine
 from opencomposer.model.loading import load_model
-from opencomposer.tasks.generators.long import WORDS, mentions, opening_facts, summary_retention
+from opencomposer.tasks.generators.long import mentions, message_facts, summary_retention, summary_spurious
 from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
 from opencomposer.types import Context, Episode, PolicyOutput
 
@@ -78,19 +77,17 @@ def visible_at_write(segment: Any) -> str:
         if m.role == "assistant" and "write_file" in m.content:
             break
         seen.append(m)
-    return opening_facts(SimpleNamespace(messages=[None, None, *seen]))
+    return message_facts(seen)
 
 
 def measure(episode: Episode, words: tuple[str, ...]) -> dict[str, float]:
-    others = [w for w in WORDS if w not in words]
-    spurious = [np.mean([mentions(opening_facts(segment), w) for w in others]) for segment in episode.segments[1:]]
     wrote = any(c.name == "write_file" for t in episode.turns for c in t.tool_calls)
     answerable = wrote and all(mentions(visible_at_write(episode.segments[-1]), w) for w in words)
     m = episode.metrics
     return {
         "answerable": float(answerable),
         "retention": summary_retention(episode, words),
-        "spurious": float(np.mean(spurious)) if spurious else float("nan"),
+        "spurious": summary_spurious(episode, words),
         "segments": m.get("segments", 1.0),
         "summaries": m.get("summaries", 0.0),
         "summary_tokens": m.get("summary_tokens", 0.0),

@@ -245,7 +245,8 @@ class ForgetfulOracle(ScriptedPolicy):
 @pytest.mark.bwrap
 def test_summary_retention_scores_what_the_summaries_carry(tmp_path, tiny_tokenizer):
     """``summary_retention``: the oracle's summaries carry every word read (1.0); summaries that
-    keep only the newest word carry 1/n of the n words read before the n-th fresh segment."""
+    keep only the newest word carry 1/n of the n words read before the n-th fresh segment; a
+    summary of the whole vocabulary scores 1.0 and is caught by ``summary_spurious``."""
     spec, task = written(tmp_path, 0, "train", first_of_length("train", 4))
     config = load_recipe(None, [f"agent.context_window={CONTEXT_WINDOW}", "agent.context_policy=self_summary",
                                 "grading.lint=false"])
@@ -260,3 +261,15 @@ def test_summary_retention_scores_what_the_summaries_carry(tmp_path, tiny_tokeni
     expected = [1 / n for n in range(1, spec.k + 1)] + [1.0]
     assert long.summary_retention(forgetful, spec.words) == pytest.approx(sum(expected) / len(expected))
     assert long.notes_read(episode.segments[0]) == {1} and long.notes_read(episode.segments[-1]) == set()
+    assert long.summary_spurious(episode, spec.words) == long.summary_spurious(forgetful, spec.words) == 0.0
+
+    # a summary that lists the whole vocabulary "retains" everything; the spurious share exposes it
+    spam = run_episode(task, SpammingOracle(oracle_script, tokenizer=tiny_tokenizer), config)
+    assert long.summary_retention(spam, spec.words) == 1.0 and long.summary_spurious(spam, spec.words) == 1.0
+
+
+class SpammingOracle(ScriptedPolicy):
+    """The oracle's work turns, with summaries that name every word of the family."""
+
+    def summary(self, task, played):
+        return "Words: " + " ".join(WORDS)

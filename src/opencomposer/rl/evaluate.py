@@ -10,9 +10,9 @@ differ only by the weights.
 - ``pass_at_1``: resolved rate over scored episodes (the unbiased pass@1 estimate from K samples);
 - ``best_of_k``: share of tasks with at least one resolved sample among their K;
 - ``format_error_rate``: share of the model's turns that could not be parsed into tool calls;
-- ``summary_retention`` (``tiny-long`` tasks with more than one segment): the share of the facts
-  read before a segment that it opens with (``tasks.generators.long.summary_retention``), a
-  measure of the summaries' quality.
+- ``summary_retention`` and ``summary_spurious`` (``tiny-long`` episodes with a segment after a
+  read): the share of the facts read before a segment that it opens with, and of the words the
+  task does not use (``tasks.generators.long``): the summaries' quality, and its floor.
 
 Infrastructure failures are counted and left out, never scored as zeros. With ``record``, every
 episode is also written there, one JSON line each (``episode_record``: status, resolved, the text
@@ -36,7 +36,7 @@ from opencomposer.rl.rewards import episode_reward
 from opencomposer.rl.rollouts import episode_seed, run_groups
 from opencomposer.sandbox.patch import diff_stats
 from opencomposer.tasks.generators.long import NAME as LONG_FAMILY
-from opencomposer.tasks.generators.long import summary_retention
+from opencomposer.tasks.generators.long import summary_retention, summary_spurious
 from opencomposer.types import Grade, Task
 
 
@@ -73,10 +73,11 @@ def evaluate(
             tokens.append(sum(len(turn.token_ids) for turn in episode.turns))
             turns.append(len(episode.turns))
             format_errors += sum(turn.format_error is not None for turn in episode.turns)
-            if group.task.metadata.get("family") == LONG_FAMILY and len(episode.segments) > 1:
-                share = summary_retention(episode, tuple(group.task.metadata["words"]))
+            if group.task.metadata.get("family") == LONG_FAMILY:
+                words = tuple(group.task.metadata["words"])
+                share = summary_retention(episode, words)
                 if not np.isnan(share):
-                    retention.append(share)
+                    retention.append((share, summary_spurious(episode, words)))
         best.append(max(float(episode.grade.resolved) for episode in scored))
 
     if record is not None:
@@ -101,7 +102,8 @@ def evaluate(
         "episode_turns": mean(turns),
         "format_error_rate": format_errors / sum(turns) if sum(turns) else float("nan"),
         **chain_metrics([e for group in groups for e in group.episodes]),
-        **({"summary_retention": mean(retention)} if retention else {}),
+        **({"summary_retention": mean([r for r, _ in retention]),
+            "summary_spurious": mean([f for _, f in retention])} if retention else {}),
     }
 
 

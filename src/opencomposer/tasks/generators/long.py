@@ -57,7 +57,9 @@ source, ``pretrain.recall``).
 
 Summary quality (``summary_retention``): over the segments after the first, the share of the key
 words of the notes read in earlier segments that the segment opens with (its summary, or the tool
-outputs truncation kept). Held-out evaluation during RL reports its mean for the family's tasks.
+outputs truncation kept); ``summary_spurious`` is the same share for the words the task does not
+use, so that a summary listing every word does not pass for a good one. Held-out evaluation during
+RL reports both means for the family's tasks.
 """
 
 from __future__ import annotations
@@ -253,18 +255,24 @@ def mentions(text: str, word: str) -> bool:
     return re.search(rf"\b{re.escape(word)}\b", text, flags=re.IGNORECASE) is not None
 
 
-def opening_facts(segment: Any) -> str:
-    """What a segment opens with beyond the system prompt and the task: a resume message's summary
-    alone (its state block's fixed wording holds words such as "model" and "state"), and whole
-    tool outputs (those truncation kept); the agent's own turns are left out."""
+def message_facts(messages: list[Any]) -> str:
+    """The facts ``messages`` show: a resume message's summary alone (its state block's fixed
+    wording holds words such as "model" and "state") and whole tool outputs; the agent's own turns
+    are left out."""
     parts = []
-    for m in segment.messages[2:]:
+    for m in messages:
         if m.role == "tool":
             parts.append(m.content)
         elif m.role == "user":
             found = re.search(r"<summary>\n(.*)\n</summary>", m.content, flags=re.DOTALL)
             parts.append(found.group(1) if found else "")
     return "\n".join(parts)
+
+
+def opening_facts(segment: Any) -> str:
+    """What a segment opens with beyond the system prompt and the task (``message_facts``): its
+    summary, or the tool outputs truncation kept."""
+    return message_facts(segment.messages[2:])
 
 
 _NOTE = re.compile(r"notes/part(\d+)\.txt")
@@ -295,6 +303,15 @@ def summary_retention(episode: Any, words: tuple[str, ...]) -> float:
             text = opening_facts(segment)
             shares.append(sum(mentions(text, w) for w in known) / len(known))
         read |= notes_read(segment)
+    return float(np.mean(shares)) if shares else float("nan")
+
+
+def summary_spurious(episode: Any, words: tuple[str, ...]) -> float:
+    """Over ``episode``'s segments after the first, the share of the family's words that the task
+    does not use that the segment opens with: the floor to read ``summary_retention`` against (a
+    summary that lists every word scores 1.0 on both); NaN for a single segment."""
+    others = [w for w in WORDS if w not in words]
+    shares = [sum(mentions(opening_facts(s), w) for w in others) / len(others) for s in episode.segments[1:]]
     return float(np.mean(shares)) if shares else float("nan")
 
 
