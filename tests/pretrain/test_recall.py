@@ -19,6 +19,7 @@ from opencomposer.pretrain.phases import PROBE_WORDS
 from opencomposer.pretrain.recall import (
     APPEND_ITEMS,
     APPEND_LABELS,
+    APPEND_STEPS,
     append_documents,
     copy_documents,
     identifiers,
@@ -99,25 +100,32 @@ def test_the_recall_gap_is_configurable(tiny_tokenizer):
 
 
 def test_append_documents_extend_a_list_with_a_labelled_word(tiny_tokenizer):
-    """An ``append`` document's last line is its first with the labelled word added: copying the
-    first line gets every token of the last but the new word, which only the label's line holds."""
+    """Each assignment of an ``append`` chain is the previous one with the labelled word added:
+    copying the previous assignment gets every token but the new word, which only the label's
+    line between them holds."""
     corpus = _corpus()
     train_text = "\n".join(f.text for f in corpus.train)
     docs = append_documents(corpus.train, 200, seed=0)
-    sizes = set()
+    sizes, chains = set(), set()
     for doc in docs:
         lines = doc.text.split("\n")
-        name, old = lines[0].split(" = ")
-        new_name, new = lines[-2].split(" = ")
-        assert new_name == name and lines[-1] == ""
-        before, after = old.strip('"').split(), new.strip('"').split()
-        assert after[:-1] == before and after[-1] not in before  # the same list, one word more
-        marked = [line for line in lines[1:-2] if re.fullmatch(rf"({'|'.join(APPEND_LABELS)}): {after[-1]}", line)]
-        assert len(marked) == 1 and all(line in train_text for line in lines[1:-2] if line not in marked)
-        tokens_old, tokens_new = _ids(tiny_tokenizer, lines[0]), _ids(tiny_tokenizer, lines[-2])
-        assert tokens_new[: len(tokens_old) - 1] == tokens_old[:-1] or not before  # copying carries the prefix
-        sizes.add(len(before))
+        assert lines[-1] == ""
+        name = lines[0].split(" = ")[0]
+        assigned = [i for i, line in enumerate(lines) if line.startswith(f"{name} = ")]
+        assert assigned[0] == 0 and assigned[-1] == len(lines) - 2
+        sizes.add(len(lines[0].split(" = ")[1].strip('"').split()))
+        chains.add(len(assigned) - 1)
+        for i, j in zip(assigned, assigned[1:]):
+            before = lines[i].split(" = ")[1].strip('"').split()
+            after = lines[j].split(" = ")[1].strip('"').split()
+            assert after[:-1] == before and after[-1] not in before  # the same list, one word more
+            between = lines[i + 1:j]
+            marked = [line for line in between if re.fullmatch(rf"({'|'.join(APPEND_LABELS)}): {after[-1]}", line)]
+            assert len(marked) == 1 and all(line in train_text for line in between if line not in marked)
+            tokens_old, tokens_new = _ids(tiny_tokenizer, lines[i]), _ids(tiny_tokenizer, lines[j])
+            assert tokens_new[: len(tokens_old) - 1] == tokens_old[:-1] or not before  # copying carries the prefix
     assert sizes == set(range(APPEND_ITEMS[0], APPEND_ITEMS[1] + 1))
+    assert chains == set(range(APPEND_STEPS[0], APPEND_STEPS[1] + 1))
     with pytest.raises(ValueError, match="at least 10"):
         append_documents(corpus.train, 2, seed=0, gap_chars=5)
 
@@ -173,6 +181,51 @@ def test_generated_sources_train_where_listed_and_stay_out_of_the_natural_mix(tm
     assert set(mix["natural"]) == {"pkg"}
     corpus_report = json.loads((tmp_path / "r" / "corpus.json").read_text())
     assert set(corpus_report["mix"]) == {"pkg"}  # the corpus report is the corpus's, before generation
+
+
+def test_the_append_probe_asks_for_the_marked_word_where_copying_says_stop(tiny_moe):
+    """An append probe's answer is the word its ``key:`` line marks, at the place where the list
+    it copies goes on with the closing quote: a model that only copies gets it wrong."""
+    from opencomposer.pretrain.phases import append_probe_documents, retrieval_probe
+
+    model, tiny_tokenizer = tiny_moe
+    corpus = _corpus()
+    probes = append_probe_documents(tiny_tokenizer, corpus.heldout, 256, 12, seed=0)
+    assert len(probes) == 12 and append_probe_documents(tiny_tokenizer, corpus.heldout, 256, 12, seed=0) == probes
+    quote = _ids(tiny_tokenizer, '"\n')
+    sizes = set()
+    for ids, answer, distance in probes:
+        assert len(ids) == 256 + 1 and 100 < distance < answer  # the inputs: all but the last token
+        text = tiny_tokenizer.decode(ids[1:])
+        first, *_, last = text.split("\n")
+        name, listed = first.split(" = ")
+        words = listed.strip('"').split()
+        new = tiny_tokenizer.decode(ids[answer:]).strip()
+        assert new in PROBE_WORDS and new not in words and text.count(f"key: {new}\n") == 1
+        assert last == f'{name} = "{" ".join([*words, new])}'  # the list copied, then the new word
+        opening = ids[1 : 1 + len(_ids(tiny_tokenizer, first)) - 1]  # the first assignment's tokens, no quote
+        assert ids[answer - len(opening) : answer] == opening  # copying it predicts the next token is...
+        assert ids[1 + len(opening) : 1 + len(opening) + len(quote)] == quote  # ...the closing quote
+        sizes.add(len(words))
+    assert sizes == {1, 2, 3, 4}
+    scores = retrieval_probe(model, probes)
+    assert set(scores) == {"accuracy", "first_token", "logprob", "distance"} and scores["logprob"] < 0
+    with pytest.raises(ValueError, match="cannot hold"):
+        append_probe_documents(tiny_tokenizer, corpus.heldout, 12, 1)
+
+
+def test_a_phase_training_the_append_source_reports_the_append_probe(tmp_path: Path, tiny_tokenizer):
+    from opencomposer.pretrain.phases import run_phases
+
+    phases = ('pretrain.phases=[{seq_len=64, steps=2, batch_size=2, warmup_steps=1}, '
+              '{seq_len=96, steps=2, batch_size=2, warmup_steps=1, sources=["append", "pkg"], weights=[0.5, 0.5]}]')
+    config = load_recipe(None, [*SMALL_MODEL, f"run.out_dir={tmp_path}", "run.name=r", "run.threads=1",
+                                "pretrain.eval_every=100", "pretrain.eval_batches=1", "pretrain.recall_documents=16",
+                                "pretrain.recall_gap_chars=200", phases])
+    _, _, result = run_phases(config, _corpus(), tiny_tokenizer, progress=False, probes=2)
+    evals = [r for r in result.history if r["kind"] == "eval"]
+    assert {"probe_append_96_first_token", "probe_append_96_accuracy", "probe_long_first_token"} <= set(evals[-1])
+    assert not any(key.startswith("probe_append_64") for key in evals[-1])  # no phase trains it at 64
 
 
 # the probe recipe of docs/pretraining.md ("The retrieval probe"): three layers, a copy phase, a code

@@ -567,6 +567,49 @@ def probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, count: 
     return probes
 
 
+def append_probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, count: int, seed: int = 0
+                           ) -> list[tuple[list[int], int, int]]:
+    """``count`` append probes of about ``length`` tokens, in ``probe_documents``' form (ids, start
+    of the answer, distance). A probe assigns a fresh name a list of 1-4 probe words
+    (``probe_list_K = "amber cobalt"``), continues with held-out code, marks a new word
+    (``key: fjord``), continues with a third as much code and assigns the name again with the list
+    copied (``probe_list_K = "amber cobalt``): the answer is the new word (`` fjord``), where
+    copying the first assignment predicts the closing quote instead (``pretrain.recall``, the
+    ``append`` source). Built in token space like the retrieval probe."""
+    from opencomposer.model.tokenizer import document_separator_id
+
+    def tok(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    rng = np.random.default_rng(_seed(seed, "append-probe", length))
+    code: list[int] = []
+    for doc in documents(filler, tokenizer):
+        code += doc
+        if len(code) >= length * count:
+            break
+    if not code:
+        raise ValueError("append probe: no held-out code to fill the probes with")
+    probes = []
+    for k in range(count):
+        words = [str(w) for w in rng.choice(PROBE_WORDS, size=int(rng.integers(2, 6)), replace=False)]
+        opening = tok(f'probe_list_{k} = "') + tok(words[0])
+        for word in words[1:-1]:
+            opening += tok(f" {word}")
+        answer = tok(f" {words[-1]}")
+        head = [document_separator_id(tokenizer), *opening, *tok('"\n')]
+        mark = [*tok("\nkey:"), *answer, *tok("\n")]
+        again = [*tok("\n"), *opening]
+        room = length - len(head) - len(mark) - len(again) - len(answer) + 1
+        if room < 4:
+            raise ValueError(f"append probe: {length} tokens cannot hold a probe")
+        far = room - room // 4  # the list ~3/4 of the row back, the word ~1/4
+        start = int(rng.integers(0, max(1, len(code) - room)))
+        spread = (code * (1 + room // len(code)))[start : start + room]
+        ids = head + spread[:far] + mark + spread[far:] + again + answer
+        probes.append((ids, len(ids) - len(answer), len(ids) - len(answer) - len(head) + 1))
+    return probes
+
+
 @torch.no_grad()
 def retrieval_probe(model: torch.nn.Module, probes: list[tuple[list[int], int, int]]) -> dict[str, float]:
     """Score probes: ``accuracy`` (the greedy completion is the planted value, every token of it:
@@ -793,6 +836,12 @@ def run_phases(
         probe_sets["probe_long"] = probe_documents(tokenizer, filler, long_len, probes, config.run.seed)
         with contextlib.suppress(ValueError):  # a first phase too short to hold a probe has no short one
             probe_sets["probe_short"] = probe_documents(tokenizer, filler, base_len, probes, config.run.seed)
+    if probes:  # the append probe at each length a phase trains the append source at
+        filler = corpus.heldout or [f for f in corpus.train if f.source not in GENERATED_SOURCES]
+        for length in sorted({p.config.seq_len for p in plan if p.lm and "append" in p.config.sources}):
+            with contextlib.suppress(ValueError):
+                probe_sets[f"probe_append_{length}"] = append_probe_documents(tokenizer, filler, length, probes,
+                                                                              config.run.seed)
     demos = None
     result = PhasedResult(steps=state["global_step"], tokens=state["tokens"], seconds=0.0, phases=[],
                           resumed_from=checkpoint)

@@ -24,13 +24,17 @@ So a phase may list two generated sources beside the corpus's:
   a longer gap (``pretrain.recall_gap_chars``) and a phase at that length (docs/LOG.md,
   2026-12-05: 4,000 characters, about 1,200 tokens, at 2,560 tokens a row).
 
-- ``append``: a name assigned a list of 0-6 words (``NAME = "w1 w2"``), held-in code, a line
-  ``LABEL: WORD`` (``LABEL`` one of ``APPEND_LABELS``), more code, then the name assigned the list
-  with ``WORD`` appended (``NAME = "w1 w2 WORD"``). The last word is where plain copying fails:
-  the earlier assignment goes on with the closing quote, so the model must stop copying and fetch
-  the labelled word instead. This is the step that carrying facts through summaries needs (a
-  running list of findings, each summary adds the newest), and the one the tiny model does not
-  learn from agent demonstrations alone (docs/LOG.md, 2026-12-05, issue 14).
+- ``append``: a chain of list updates. A name is assigned a list of 0-4 words (``NAME = "w1
+  w2"``); then, ``APPEND_STEPS`` times (1-4), held-in code, a line ``LABEL: WORD`` (``LABEL`` one
+  of ``APPEND_LABELS``), more code, and the name assigned the list with ``WORD`` appended
+  (``NAME = "w1 w2 WORD"``). The last word of each update is where plain copying fails: the
+  previous assignment goes on with the closing quote, so the model must stop copying and fetch the
+  labelled word instead. This is the step that carrying facts through summaries needs (a running
+  list of findings, each summary adds the newest), and the one the tiny model does not learn from
+  agent demonstrations alone (docs/LOG.md, 2026-12-05, issue 14). A chain has the shape of an
+  agent's run of summaries (each update copies the one before it and adds what was read since)
+  and puts several updates in a document, so a row carries more of this signal than one update
+  would.
 
 None of the sources uses the retrieval probe's words (``phases.PROBE_WORDS``) or its names, nor any
 held-out file: the probe stays a held-out measurement. Documents are a pure function of the
@@ -56,7 +60,8 @@ SEPARATORS = ("", "", "", "_", "_", " ", ".", '"', ", ", " = ")  # between two p
 RECALL_GAP_CHARS = 900  # default longest stretch of code between what is said and where it is recalled
 IDENTIFIER_FILES = 500  # training files whose identifiers name planted facts
 APPEND_LABELS = ("key", "item", "next", "add", "new")  # what an append document's new word is marked with
-APPEND_ITEMS = (0, 6)  # the list an append document extends holds this many words (inclusive bounds)
+APPEND_ITEMS = (0, 4)  # an append chain's first list holds this many words (inclusive bounds)
+APPEND_STEPS = (1, 4)  # and it is updated this many times, one word each (inclusive bounds)
 _IDENTIFIER = re.compile(r"\b[a-z][a-z]{2,9}\b")
 
 
@@ -147,25 +152,29 @@ def recall_documents(files: list[CodeFile], pieces: list[str], count: int, seed:
 
 
 def append_documents(files: list[CodeFile], count: int, seed: int, gap_chars: int = RECALL_GAP_CHARS) -> list[CodeFile]:
-    """``count`` documents (source ``append``, module doc): a list, code, a labelled word, code (up
-    to a third of ``gap_chars``), the list with the word appended."""
+    """``count`` documents (source ``append``, module doc): a list, then updates, each held-in
+    code, a labelled word, code (up to a third of ``gap_chars``), the list with the word appended."""
     if gap_chars < 10:
         raise ValueError(f"append sources: the gap must allow at least 10 characters of code, got {gap_chars}")
     if not files:
         raise ValueError("append sources: no training files to take code and identifiers from")
     words = identifiers(files)
-    if len(words) < APPEND_ITEMS[1] + 3:
+    most = APPEND_ITEMS[1] + APPEND_STEPS[1]
+    if len(words) < most + 2:
         raise ValueError("append sources: the training files hold too few identifiers to make lists of")
     rng = np.random.default_rng([seed, 0xA99E])
     out = []
     for i in range(count):
         name = "_".join(rng.choice(words, size=2, replace=False))
-        items = [str(w) for w in rng.choice(words, size=int(rng.integers(APPEND_ITEMS[0], APPEND_ITEMS[1] + 1)) + 1,
-                                            replace=False)]
-        label = APPEND_LABELS[int(rng.integers(len(APPEND_LABELS)))]
-        text = (f'{name} = "{" ".join(items[:-1])}"\n{_code(files, rng, gap_chars)}{label}: {items[-1]}\n'
-                f'{_code(files, rng, max(10, gap_chars // 3))}{name} = "{" ".join(items)}"\n')
-        out.append(CodeFile("append", f"append/{i}.py", text))
+        first = int(rng.integers(APPEND_ITEMS[0], APPEND_ITEMS[1] + 1))
+        steps = int(rng.integers(APPEND_STEPS[0], APPEND_STEPS[1] + 1))
+        items = [str(w) for w in rng.choice(words, size=first + steps, replace=False)]
+        parts = [f'{name} = "{" ".join(items[:first])}"\n']
+        for n in range(first + 1, first + steps + 1):
+            label = APPEND_LABELS[int(rng.integers(len(APPEND_LABELS)))]
+            parts += [_code(files, rng, gap_chars), f"{label}: {items[n - 1]}\n",
+                      _code(files, rng, max(10, gap_chars // 3)), f'{name} = "{" ".join(items[:n])}"\n']
+        out.append(CodeFile("append", f"append/{i}.py", "".join(parts)))
     return out
 
 
