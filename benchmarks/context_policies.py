@@ -5,7 +5,9 @@ a tuned prompt-based compaction, with half its error at a fifth of the tokens. H
 and the same held-out ``tiny-long`` tasks run under each ``agent.context_policy`` at two triggers:
 
 - the agent's work turns are the oracle's walkthrough (read each note in its own turn, then write),
-  so every policy faces the same context at the same moments;
+  so every policy faces the same context at the same moments (``--agent oracle``, the default);
+  or the model plays every turn (``--agent model``, for a policy trained on the family: the
+  hidden test decides, and ``resolved`` is the measure, over ``--samples`` episodes a task);
 - every summary is the model's: with ``self_summary`` the model answers the short request at the
   end of its own context (greedy, up to ``--summary-tokens``); with ``compaction`` it answers the
   long fixed compaction prompt over the transcript in a separate call (up to
@@ -15,6 +17,8 @@ What is measured per episode (the facts are the K key words, one per note):
 
 - ``answerable``: every key word is in what the agent can see when it writes the answer (the
   summary it resumed from and the reads since; truncation: the outputs still in context);
+- ``resolved``: the hidden test passes (with ``--agent oracle`` it follows ``answerable``);
+- ``model_tokens``: every token the model wrote in the episode (work turns, summaries, compactions);
 - ``retention``: over the segments after the first, the share of the words read before the
   segment began that its opening holds (the summary, or the surviving tool outputs);
 - ``spurious``: the same share for the sixteen-word vocabulary's words the task does not use (a
@@ -26,6 +30,7 @@ What is measured per episode (the facts are the K key words, one per note):
 ``off`` is listed as the reference: the window ends the episode before the answer.
 
     .venv/bin/python benchmarks/context_policies.py [--model smollm2 --tasks 4 --threads 2]
+    .venv/bin/python benchmarks/context_policies.py --model runs/tiny-long --agent model --samples 4
 
 Results: ``benchmarks/results/context_policies.json`` and ``.png``.
 """
@@ -33,6 +38,7 @@ Results: ``benchmarks/results/context_policies.json`` and ``.png``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import time
@@ -86,6 +92,8 @@ def measure(episode: Episode, words: tuple[str, ...]) -> dict[str, float]:
     m = episode.metrics
     return {
         "answerable": float(answerable),
+        "resolved": float(episode.grade.resolved) if episode.grade is not None else float("nan"),
+        "model_tokens": float(sum(len(t.token_ids) for t in episode.turns)),
         "retention": summary_retention(episode, words),
         "spurious": summary_spurious(episode, words),
         "segments": m.get("segments", 1.0),
@@ -111,6 +119,10 @@ def main() -> None:
     parser.add_argument("--summary-tokens", type=int, default=256)
     parser.add_argument("--compaction-tokens", type=int, default=512)
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--agent", choices=("oracle", "model"), default="oracle",
+                        help="who plays the work turns: the oracle's walkthrough, or the model (module doc)")
+    parser.add_argument("--samples", type=int, default=1, help="episodes per task and policy with --agent model")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the model's turns")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -120,7 +132,9 @@ def main() -> None:
     model.float()
     # one episode at a time: the batch-invariant decoder's fixed tiles would pad each single row
     engine = LocalEngine(model, tokenizer, batch_invariant=False)
-    base = ["grading.lint=false", "sampling.temperature=0", f"sampling.max_new_tokens={args.compaction_tokens}",
+    if args.samples < 1 or (args.samples > 1 and args.agent == "oracle"):
+        parser.error("--samples: at least 1, and more than 1 only with --agent model (the oracle is deterministic)")
+    base = ["grading.lint=false", f"sampling.temperature={args.temperature}", f"sampling.max_new_tokens={args.compaction_tokens}",
             f"agent.summary_max_tokens={args.summary_tokens}", f"agent.compaction_max_tokens={args.compaction_tokens}"]
     config = load_recipe(None, base)
     summarizer = EnginePolicy(engine, tokenizer, config.sampling, name=str(args.model))
@@ -130,9 +144,9 @@ def main() -> None:
         for task in tasks:  # the family's wall budget is sized for the tiny model, not a 135M one on a CPU
             task.budgets.max_wall_s = None
         prompt, read = sizes(tasks, tokenizer, config)
-        # a window that holds the prompt, a summary and about three reads; triggers after one read
-        # of a fresh segment ("tight") and after two ("loose")
-        window = prompt + 3 * read + args.summary_tokens + 300
+        # a window that holds the prompt, two reads, the summary request and the summary; triggers
+        # after one read of a fresh segment ("tight") and after two ("loose")
+        window = prompt + 2 * read + args.summary_tokens + 300
         triggers = {"tight": prompt + read - 20, "loose": prompt + 2 * read - 20}
         print(f"prompt {prompt} tokens, one read up to {read}; window {window}; triggers {triggers}")
         rows = []
@@ -143,24 +157,26 @@ def main() -> None:
                 overrides = [*base, f"agent.context_window={window}", f"agent.context_policy={policy_name}",
                              f"agent.summary_trigger_tokens={trigger}"]
                 run_config = load_recipe(None, overrides)
-                for spec, task in zip(specs, tasks, strict=True):
+                for (spec, task), sample in itertools.product(zip(specs, tasks, strict=True), range(args.samples)):
                     oracle = ScriptedPolicy(oracle_script, tokenizer=tokenizer)
+                    agent = summarizer if args.agent == "model" else ModelSummaries(oracle, summarizer)
                     started = time.perf_counter()
-                    episode = run_episode(task, ModelSummaries(oracle, summarizer), run_config)
-                    row = {"policy": policy_name, "trigger": trigger_name, "task": task.id, "k": len(spec.words),
-                           "status": episode.status.value, **measure(episode, spec.words),
+                    episode = run_episode(task, agent, run_config, seed=sample, sample_index=sample)
+                    row = {"policy": policy_name, "trigger": trigger_name, "task": task.id, "sample": sample,
+                           "k": len(spec.words), "status": episode.status.value, **measure(episode, spec.words),
                            "seconds": time.perf_counter() - started, "summary_texts": episode.summaries}
                     rows.append(row)
                     print(f"{trigger_name:5s} {policy_name:12s} {task.id} ({row['status']}): "
-                          f"answerable {row['answerable']:.0f} "
+                          f"resolved {row['resolved']:.0f} answerable {row['answerable']:.0f} "
                           f"retention {row['retention']:.2f} spurious {row['spurious']:.2f} "
                           f"summary tokens {row['summary_tokens']:.0f} ({row['seconds']:.0f} s)")
     table = summarise(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": str(args.model), "window": window, "triggers": triggers,
+    args.out.write_text(json.dumps({"model": str(args.model), "agent": args.agent, "samples": args.samples,
+                                    "temperature": args.temperature, "window": window, "triggers": triggers,
                                     "prompt_tokens": prompt, "read_tokens": read, "table": table, "rows": rows},
                                    indent=1) + "\n")
-    plot(table, args.out.with_suffix(".png"))
+    plot(table, args.out.with_suffix(".png"), args.agent)
     print(json.dumps(table, indent=1))
 
 
@@ -169,7 +185,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for key in dict.fromkeys((r["trigger"], r["policy"]) for r in rows):
         group = [r for r in rows if (r["trigger"], r["policy"]) == key]
         entry = {"trigger": key[0], "policy": key[1], "episodes": len(group)}
-        for name in ("answerable", "retention", "spurious", "summaries", "summary_tokens",
+        for name in ("resolved", "answerable", "model_tokens", "retention", "spurious", "summaries", "summary_tokens",
                      "compaction_prompt_tokens", "summary_prefill_reused", "seconds"):
             values = [r[name] for r in group if not np.isnan(r[name])]
             entry[name] = float(np.mean(values)) if values else float("nan")
@@ -177,26 +193,35 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def plot(table: list[dict[str, Any]], path: Path) -> None:
+def plot(table: list[dict[str, Any]], path: Path, agent: str = "oracle") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    outcome = "resolved" if agent == "model" else "answerable"
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for trigger, marker in (("tight", "o"), ("loose", "s")):
         for entry in (e for e in table if e["trigger"] == trigger):
+            label = f"{entry['policy']} ({trigger})"
             axes[0].scatter(entry["summary_tokens"], entry["retention"], marker=marker, s=60)
-            axes[0].annotate(f"{entry['policy']} ({trigger})", (entry["summary_tokens"], entry["retention"]),
+            axes[0].annotate(label, (entry["summary_tokens"], entry["retention"]),
                              fontsize=8, xytext=(4, 4), textcoords="offset points")
-            axes[1].bar(f"{entry['policy']}\n{trigger}", entry["answerable"])
+            axes[1].bar(f"{entry['policy']}\n{trigger}", entry[outcome])
+            axes[2].scatter(entry["model_tokens"], entry[outcome], marker=marker, s=60)
+            axes[2].annotate(label, (entry["model_tokens"], entry[outcome]),
+                             fontsize=8, xytext=(4, 4), textcoords="offset points")
     axes[0].set_xlabel("summary tokens per episode (model-written)")
     axes[0].set_ylabel("facts retained at each new segment")
     axes[0].set_title("what a fresh segment still knows")
     axes[1].set_ylim(0, 1)
-    axes[1].set_ylabel("share of episodes whose answer is in view at the write")
-    axes[1].set_title("answerable")
+    axes[1].set_ylabel(f"share of episodes {'resolved' if agent == 'model' else 'whose answer is in view at the write'}")
+    axes[1].set_title(outcome)
     axes[1].tick_params(axis="x", labelsize=7)
+    axes[2].set_xlabel("model-written tokens per episode")
+    axes[2].set_ylabel(outcome)
+    axes[2].set_ylim(-0.05, 1.05)
+    axes[2].set_title(f"{outcome} against tokens ({'the model plays' if agent == 'model' else 'oracle work turns'})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
