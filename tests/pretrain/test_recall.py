@@ -214,11 +214,33 @@ def test_the_append_probe_asks_for_the_marked_word_where_copying_says_stop(tiny_
         append_probe_documents(tiny_tokenizer, corpus.heldout, 12, 1)
 
 
+def test_a_phase_draws_the_documents_made_with_its_own_gap(tiny_tokenizer):
+    """``pretrain.phases.recall_gap_chars``: a phase with a gap of its own draws generated documents
+    made with that gap; the others, and the natural files, stay as they were."""
+    from opencomposer.pretrain.phases import generated_corpora
+
+    corpus = _corpus()
+    config = load_recipe(None, ["pretrain.recall_documents=30", "pretrain.recall_gap_chars=900",
+                                'pretrain.phases=[{steps=1, sources=["recall", "pkg"], weights=[1, 1]}, '
+                                '{steps=1, sources=["append", "copy"], weights=[1, 1], recall_gap_chars=40}, '
+                                '{steps=1}]'])
+    corpora = generated_corpora(corpus, tiny_tokenizer, config.pretrain, seed=2)
+    assert set(corpora) == {900, 40}
+    generated = {gap: [f for f in c.train if f.source in GENERATED] for gap, c in corpora.items()}
+    assert {f.source for f in generated[900]} == {"recall"}
+    assert {f.source for f in generated[40]} == {"append", "copy"}
+    assert [f for f in generated[40] if f.source == "append"] == append_documents(corpus.train, 30, 2, 40)
+    assert all(c.heldout == corpus.heldout and c.train[: len(corpus.train)] == corpus.train for c in corpora.values())
+    with pytest.raises(ConfigError, match=r"pretrain.phases\[0\].recall_gap_chars"):
+        load_recipe(None, ["pretrain.phases=[{steps=1, recall_gap_chars=5}]"])
+
+
 def test_a_phase_training_the_append_source_reports_the_append_probe(tmp_path: Path, tiny_tokenizer):
     from opencomposer.pretrain.phases import run_phases
 
     phases = ('pretrain.phases=[{seq_len=64, steps=2, batch_size=2, warmup_steps=1}, '
-              '{seq_len=96, steps=2, batch_size=2, warmup_steps=1, sources=["append", "pkg"], weights=[0.5, 0.5]}]')
+              '{seq_len=96, steps=2, batch_size=2, warmup_steps=1, sources=["append", "pkg"], weights=[0.5, 0.5], '
+              'recall_gap_chars=40}]')
     config = load_recipe(None, [*SMALL_MODEL, f"run.out_dir={tmp_path}", "run.name=r", "run.threads=1",
                                 "pretrain.eval_every=100", "pretrain.eval_batches=1", "pretrain.recall_documents=16",
                                 "pretrain.recall_gap_chars=200", phases])

@@ -61,8 +61,15 @@ class PhaseConfig(Section):
     model tokens only), ``mtp`` (self-distillation of the MTP layers; see ``PhaseLoss``)."""
     sft_batch_size: int = 8
     """Demonstration rows (episode segments) per step for ``sft``."""
+    recall_gap_chars: int = 0
+    """The generated ``recall`` and ``append`` documents this phase draws, made with this gap
+    (``pretrain.recall_gap_chars``); 0: that one. Short gaps put several list updates in a row (the
+    append step is learned from dense rows), long ones teach copying across a whole window."""
 
     def validate(self) -> None:
+        if self.recall_gap_chars and self.recall_gap_chars < 10:
+            raise ConfigError(f"pretrain.phases.recall_gap_chars: must be 0 (pretrain.recall_gap_chars) or >= 10, "
+                              f"got {self.recall_gap_chars}")
         if not self.losses or len(set(self.losses)) != len(self.losses):
             raise ConfigError(f"pretrain.phases.losses: expected one or more distinct losses, got {self.losses}")
         if (self.tokens > 0) == (self.steps > 0):

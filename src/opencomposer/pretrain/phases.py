@@ -715,6 +715,17 @@ def _build_model(config: Config, tokenizer: Any, device: torch.device, checkpoin
     return load_model(config.model, seed=config.run.seed, device=device)
 
 
+def generated_corpora(corpus: Corpus, tokenizer: Any, pc: Any, seed: int) -> dict[int, Corpus]:
+    """``corpus`` with the generated sources its phases list (``pretrain.recall``), one per recall
+    gap in use: a phase draws the documents made with its ``recall_gap_chars`` (0: the
+    ``[pretrain]`` one). The held-out files and the natural training files are the same in all."""
+    by_gap: dict[int, set[str]] = {}
+    for phase in pc.phases:
+        by_gap.setdefault(phase.recall_gap_chars or pc.recall_gap_chars, set()).update(phase.sources)
+    return {gap: with_recall_sources(corpus, tokenizer, names, pc.recall_documents, seed, gap)
+            for gap, names in by_gap.items()}
+
+
 def _check_recipe(config: Config, corpus: Corpus) -> None:
     """Refuse, before any training, what would only fail in a later phase."""
     sources = {f.source for f in corpus.train}
@@ -820,9 +831,7 @@ def run_phases(
     if state["step"] == plan[state["phase"]].steps:  # the checkpoint ends a phase: start the next
         state = {**state, "phase": state["phase"] + 1, "step": 0}
 
-    listed = {s for p in pc.phases for s in p.sources}  # the generated sources among them join the corpus
-    corpus = with_recall_sources(corpus, tokenizer, listed, pc.recall_documents, config.run.seed,
-                                 pc.recall_gap_chars)
+    corpora = generated_corpora(corpus, tokenizer, pc, config.run.seed)  # by gap: the documents phases draw
     separator = document_separator_id(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     base_len = plan[0].config.seq_len
@@ -883,7 +892,9 @@ def run_phases(
                     set_rope_theta(target, c.rope_theta)
                 if c.seq_len > getattr(target.config, "max_position_embeddings", c.seq_len):
                     target.config.max_position_embeddings = c.seq_len
-            batches = MixedBatches(corpus.train, phase, tokenizer, separator, config.run.seed) if phase.rows else None
+            gap = phase.config.recall_gap_chars or pc.recall_gap_chars
+            batches = (MixedBatches(corpora[gap].train, phase, tokenizer, separator, config.run.seed)
+                       if phase.rows else None)
             demo_batches = None
             if "sft" in c.losses:
                 if demos is None:  # the sandboxed episodes run once, on rank 0
