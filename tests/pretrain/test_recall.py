@@ -223,16 +223,21 @@ def test_a_phase_draws_the_documents_made_with_its_own_gap(tiny_tokenizer):
     config = load_recipe(None, ["pretrain.recall_documents=30", "pretrain.recall_gap_chars=900",
                                 'pretrain.phases=[{steps=1, sources=["recall", "pkg"], weights=[1, 1]}, '
                                 '{steps=1, sources=["append", "copy"], weights=[1, 1], recall_gap_chars=40}, '
+                                '{steps=1, sources=["recall", "append"], weights=[1, 1], append_gap_chars=60}, '
                                 '{steps=1}]'])
     corpora = generated_corpora(corpus, tiny_tokenizer, config.pretrain, seed=2)
-    assert set(corpora) == {900, 40}
-    generated = {gap: [f for f in c.train if f.source in GENERATED] for gap, c in corpora.items()}
-    assert {f.source for f in generated[900]} == {"recall"}
-    assert {f.source for f in generated[40]} == {"append", "copy"}
-    assert [f for f in generated[40] if f.source == "append"] == append_documents(corpus.train, 30, 2, 40)
+    assert set(corpora) == {(900, 900), (40, 40), (900, 60)}
+    generated = {gaps: [f for f in c.train if f.source in GENERATED] for gaps, c in corpora.items()}
+    assert {f.source for f in generated[900, 900]} == {"recall"}
+    assert {f.source for f in generated[40, 40]} == {"append", "copy"}
+    assert [f for f in generated[40, 40] if f.source == "append"] == append_documents(corpus.train, 30, 2, 40)
+    assert [f for f in generated[900, 60] if f.source == "append"] == append_documents(corpus.train, 30, 2, 60)
+    assert ([f for f in generated[900, 60] if f.source == "recall"]
+            == [f for f in generated[900, 900] if f.source == "recall"])  # the recall documents keep their gap
     assert all(c.heldout == corpus.heldout and c.train[: len(corpus.train)] == corpus.train for c in corpora.values())
-    with pytest.raises(ConfigError, match=r"pretrain.phases\[0\].recall_gap_chars"):
-        load_recipe(None, ["pretrain.phases=[{steps=1, recall_gap_chars=5}]"])
+    for name in ("recall_gap_chars", "append_gap_chars"):
+        with pytest.raises(ConfigError, match=rf"pretrain.phases\[0\].{name}"):
+            load_recipe(None, [f"pretrain.phases=[{{steps=1, {name}=5}}]"])
 
 
 def test_a_phase_training_the_append_source_reports_the_append_probe(tmp_path: Path, tiny_tokenizer):

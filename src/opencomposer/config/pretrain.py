@@ -63,13 +63,15 @@ class PhaseConfig(Section):
     """Demonstration rows (episode segments) per step for ``sft``."""
     recall_gap_chars: int = 0
     """The generated ``recall`` and ``append`` documents this phase draws, made with this gap
-    (``pretrain.recall_gap_chars``); 0: that one. Short gaps put several list updates in a row (the
-    append step is learned from dense rows), long ones teach copying across a whole window."""
+    (``pretrain.recall_gap_chars``); 0: that one. Long gaps teach copying across a whole window."""
+    append_gap_chars: int = 0
+    """The ``append`` documents' gap alone, when it differs; 0: the phase's recall gap. Short gaps
+    put several list updates in a row: the append step is learned from rows dense in it."""
 
     def validate(self) -> None:
-        if self.recall_gap_chars and self.recall_gap_chars < 10:
-            raise ConfigError(f"pretrain.phases.recall_gap_chars: must be 0 (pretrain.recall_gap_chars) or >= 10, "
-                              f"got {self.recall_gap_chars}")
+        for name in ("recall_gap_chars", "append_gap_chars"):
+            if 0 < getattr(self, name) < 10:
+                raise ConfigError(f"pretrain.phases.{name}: must be 0 (the default) or >= 10, got {getattr(self, name)}")
         if not self.losses or len(set(self.losses)) != len(self.losses):
             raise ConfigError(f"pretrain.phases.losses: expected one or more distinct losses, got {self.losses}")
         if (self.tokens > 0) == (self.steps > 0):

@@ -715,15 +715,21 @@ def _build_model(config: Config, tokenizer: Any, device: torch.device, checkpoin
     return load_model(config.model, seed=config.run.seed, device=device)
 
 
-def generated_corpora(corpus: Corpus, tokenizer: Any, pc: Any, seed: int) -> dict[int, Corpus]:
-    """``corpus`` with the generated sources its phases list (``pretrain.recall``), one per recall
-    gap in use: a phase draws the documents made with its ``recall_gap_chars`` (0: the
-    ``[pretrain]`` one). The held-out files and the natural training files are the same in all."""
-    by_gap: dict[int, set[str]] = {}
+def phase_gaps(phase: PhaseConfig, pc: Any) -> tuple[int, int]:
+    """The (recall, append) gaps of the generated documents ``phase`` draws."""
+    recall = phase.recall_gap_chars or pc.recall_gap_chars
+    return recall, phase.append_gap_chars or recall
+
+
+def generated_corpora(corpus: Corpus, tokenizer: Any, pc: Any, seed: int) -> dict[tuple[int, int], Corpus]:
+    """``corpus`` with the generated sources its phases list (``pretrain.recall``), one per pair of
+    gaps in use (``phase_gaps``): a phase draws the documents made with its ``recall_gap_chars``
+    and ``append_gap_chars``. The held-out files and the natural training files are the same in all."""
+    by_gaps: dict[tuple[int, int], set[str]] = {}
     for phase in pc.phases:
-        by_gap.setdefault(phase.recall_gap_chars or pc.recall_gap_chars, set()).update(phase.sources)
-    return {gap: with_recall_sources(corpus, tokenizer, names, pc.recall_documents, seed, gap)
-            for gap, names in by_gap.items()}
+        by_gaps.setdefault(phase_gaps(phase, pc), set()).update(phase.sources)
+    return {gaps: with_recall_sources(corpus, tokenizer, names, pc.recall_documents, seed, *gaps)
+            for gaps, names in by_gaps.items()}
 
 
 def _check_recipe(config: Config, corpus: Corpus) -> None:
@@ -892,8 +898,8 @@ def run_phases(
                     set_rope_theta(target, c.rope_theta)
                 if c.seq_len > getattr(target.config, "max_position_embeddings", c.seq_len):
                     target.config.max_position_embeddings = c.seq_len
-            gap = phase.config.recall_gap_chars or pc.recall_gap_chars
-            batches = (MixedBatches(corpora[gap].train, phase, tokenizer, separator, config.run.seed)
+            batches = (MixedBatches(corpora[phase_gaps(phase.config, pc)].train, phase, tokenizer, separator,
+                                    config.run.seed)
                        if phase.rows else None)
             demo_batches = None
             if "sft" in c.losses:

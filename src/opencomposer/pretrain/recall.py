@@ -179,9 +179,9 @@ def append_documents(files: list[CodeFile], count: int, seed: int, gap_chars: in
 
 
 def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: int, seed: int,
-                        gap_chars: int = RECALL_GAP_CHARS) -> Corpus:
+                        gap_chars: int = RECALL_GAP_CHARS, append_gap_chars: int = 0) -> Corpus:
     """``corpus`` with the generated sources among ``names`` added to its training files
-    (``gap_chars``: ``recall_documents``)."""
+    (``gap_chars``: ``recall_documents``; ``append_gap_chars``: ``append_documents``, 0: the same)."""
     wanted = [s for s in SOURCES if s in names]
     if not wanted:
         return corpus
@@ -192,5 +192,5 @@ def with_recall_sources(corpus: Corpus, tokenizer: Any, names: set[str], count: 
     if "recall" in wanted:
         extra += recall_documents(corpus.train, pieces, count, seed, gap_chars)
     if "append" in wanted:
-        extra += append_documents(corpus.train, count, seed, gap_chars)
+        extra += append_documents(corpus.train, count, seed, append_gap_chars or gap_chars)
     return Corpus(train=corpus.train + extra, heldout=corpus.heldout, dropped=corpus.dropped)
