@@ -531,6 +531,18 @@ def heldout_mtp(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.
     return {"heldout_mtp_kl": float(np.mean(kl)), "heldout_mtp_top1": float(np.mean(top1))}
 
 
+def _probe_code(filler: list[CodeFile], tokenizer: Any, tokens: int, what: str) -> list[int]:
+    """About ``tokens`` tokens of held-out code (whole documents) to fill probes with."""
+    code: list[int] = []
+    for doc in documents(filler, tokenizer):  # enough held-out code for every probe, no more
+        code += doc
+        if len(code) >= tokens:
+            break
+    if not code:
+        raise ValueError(f"{what}: no held-out code to fill the probes with")
+    return code
+
+
 def probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, count: int, seed: int = 0
                     ) -> list[tuple[list[int], int, int]]:
     """``count`` long-range retrieval probes of ``length`` tokens: (ids, start of the answer,
@@ -544,13 +556,7 @@ def probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, count: 
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     rng = np.random.default_rng(_seed(seed, "probe", length))
-    code: list[int] = []
-    for doc in documents(filler, tokenizer):  # enough held-out code for every probe, no more
-        code += doc
-        if len(code) >= length * count:
-            break
-    if not code:
-        raise ValueError("retrieval probe: no held-out code to fill the probes with")
+    code = _probe_code(filler, tokenizer, length * count, "retrieval probe")
     probes = []
     for k in range(count):
         name = f"probe_name_{k}"
@@ -582,13 +588,7 @@ def append_probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, 
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     rng = np.random.default_rng(_seed(seed, "append-probe", length))
-    code: list[int] = []
-    for doc in documents(filler, tokenizer):
-        code += doc
-        if len(code) >= length * count:
-            break
-    if not code:
-        raise ValueError("append probe: no held-out code to fill the probes with")
+    code = _probe_code(filler, tokenizer, length * count, "append probe")
     probes = []
     for k in range(count):
         words = [str(w) for w in rng.choice(PROBE_WORDS, size=int(rng.integers(2, 6)), replace=False)]
