@@ -93,7 +93,8 @@ def measure(episode: Episode, words: tuple[str, ...]) -> dict[str, float]:
     return {
         "answerable": float(answerable),
         "resolved": float(episode.grade.resolved) if episode.grade is not None else float("nan"),
-        "model_tokens": float(sum(len(t.token_ids) for t in episode.turns)),
+        # turns hold work and self-summary tokens; compaction calls are side calls, counted apart
+        "model_tokens": float(sum(len(t.token_ids) for t in episode.turns)) + m.get("compaction_tokens", 0.0),
         "retention": summary_retention(episode, words),
         "spurious": summary_spurious(episode, words),
         "segments": m.get("segments", 1.0),

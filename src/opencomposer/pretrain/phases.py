@@ -846,13 +846,12 @@ def run_phases(
     long_eval = fixed_batches(corpus.heldout, tokenizer, separator, long_len, max(1, pc.batch_size // 2),
                               pc.eval_batches) if long_len > base_len and pc.eval_batches else []
     probe_sets: dict[str, list] = {}  # the probe at the longest length, and one within the first phase's
+    filler = corpus.heldout or [f for f in corpus.train if f.source not in GENERATED_SOURCES]
     if long_len > base_len and probes:
-        filler = corpus.heldout or [f for f in corpus.train if f.source not in GENERATED_SOURCES]
         probe_sets["probe_long"] = probe_documents(tokenizer, filler, long_len, probes, config.run.seed)
         with contextlib.suppress(ValueError):  # a first phase too short to hold a probe has no short one
             probe_sets["probe_short"] = probe_documents(tokenizer, filler, base_len, probes, config.run.seed)
     if probes:  # the append probe at each length a phase trains the append source at
-        filler = corpus.heldout or [f for f in corpus.train if f.source not in GENERATED_SOURCES]
         for length in sorted({p.config.seq_len for p in plan if p.lm and "append" in p.config.sources}):
             with contextlib.suppress(ValueError):
                 probe_sets[f"probe_append_{length}"] = append_probe_documents(tokenizer, filler, length, probes,
