@@ -37,7 +37,7 @@ from opencomposer.distributed.context import (
     split_batch,
     split_sequence,
 )
-from opencomposer.distributed.runtime import free_port
+from tests.distributed.ranks import spawn_ranks
 
 BATCH, SEQ, VOCAB, CP = 2, 32, 128, 2
 CHUNK = SEQ // (2 * CP)
@@ -239,7 +239,7 @@ def test_context_parallel_forward_backward_and_adam_step_equal_one_process(tmp_p
     model, batch = tiny_model(), make_batch()
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((model.state_dict(), batch), f)
-    torch.multiprocessing.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=CP, join=True)
+    spawn_ranks(_rank, CP, str(tmp_path))
     out = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     # targets shifted on the whole rows: rank 0's chunk 0 ends at position 7, scored against the token

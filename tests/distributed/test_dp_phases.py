@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups, free_port
+from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups
+from tests.distributed.ranks import spawn_ranks
 from tests.pretrain.test_phases import _config, _corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
@@ -56,7 +57,7 @@ def _no_aux(phases) -> None:
     phases._build_model = without_aux
 
 
-def _rank(rank: int, cp: int, ep: int, port: int, folder: str) -> None:
+def _rank(rank: int, port: int, cp: int, ep: int, folder: str) -> None:
     from opencomposer.pretrain import phases
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -116,7 +117,7 @@ def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokeniz
     config = _config(tmp_path, "run", phases(ep), *EXTRA)
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((config, _corpus(), tiny_tokenizer), f)
-    torch.multiprocessing.spawn(_rank, args=(cp, ep, free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_rank, 2, cp, ep, str(tmp_path))
     got_history, got_weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     assert files(tmp_path / "run") == files(run_dir)  # checkpoints, metrics, plots: the same layout

@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from opencomposer.config import PretrainConfig
-from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups, free_port
+from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups
 from opencomposer.pretrain.cpt import pretrain
+from tests.distributed.ranks import spawn_ranks
 
 PRETRAIN = PretrainConfig(batch_size=3, seq_len=32, max_steps=2, lr=3e-3, warmup_steps=0, eval_batches=0,
                           log_every=1, grad_clip=0.5)
 
 
-def _rank(rank: int, cp: int, ep: int, ep_fsdp: bool, port: int, folder: str) -> None:
+def _rank(rank: int, port: int, cp: int, ep: int, ep_fsdp: bool, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -55,7 +56,7 @@ def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_
     files = code_corpus.train[:20]
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((copy.deepcopy(model), tiny_tokenizer, files), f)
-    torch.multiprocessing.spawn(_rank, args=(cp, ep, ep_fsdp, free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_rank, 2, cp, ep, ep_fsdp, str(tmp_path))
     history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     single = pretrain(model, tiny_tokenizer, files, [], PRETRAIN, progress=False)

@@ -18,9 +18,10 @@ import torch
 
 from opencomposer.config import Config
 from opencomposer.distributed.balance import row_cost, split_rows
-from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups, free_port
+from opencomposer.distributed.runtime import World, context_parallel_groups, expert_parallel_groups
 from opencomposer.rl.trainer import ScoredStep, Trainer
 from opencomposer.training.packing import episode_rows
+from tests.distributed.ranks import spawn_ranks
 
 TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=0)
 
@@ -44,7 +45,7 @@ def make_rows(seed: int, advantages: list[float]):
     return episode_rows(episodes, advantages)
 
 
-def _rank(rank: int, size: int, cp: int, ep: int, pack: int, ep_fsdp: bool, port: int, folder: str) -> None:
+def _rank(rank: int, port: int, size: int, cp: int, ep: int, pack: int, ep_fsdp: bool, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=size)
     try:
@@ -112,8 +113,7 @@ def test_rl_train_step_on_more_ranks_equals_one_process(small_model, tmp_path, s
     start_model, start_state = copy.deepcopy(single.model), copy.deepcopy(single.state_dict())
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((start_model, start_state, second), f)
-    torch.multiprocessing.spawn(_rank, args=(size, cp, ep, pack, ep_fsdp, free_port(), str(tmp_path)), nprocs=size,
-                                join=True)
+    spawn_ranks(_rank, size, size, cp, ep, pack, ep_fsdp, str(tmp_path))
     out = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     # FSDP shards every weight but the experts' (all of them without expert parallelism), which

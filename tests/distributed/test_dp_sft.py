@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from opencomposer.config import ConfigError, SFTConfig
-from opencomposer.distributed.runtime import World, context_parallel_groups, free_port
+from opencomposer.distributed.runtime import World, context_parallel_groups
 from opencomposer.pretrain.sft import sft
+from tests.distributed.ranks import spawn_ranks
 
 SFT = SFTConfig(steps=3, batch_size=4, lr=3e-3, warmup_steps=0, grad_clip=0.05)
 TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=0)
@@ -30,7 +31,7 @@ def demonstrations() -> list:
     return [episode(rng, 1.0, n_model=int(rng.integers(3, 14))) for _ in range(6)]
 
 
-def _rank(rank: int, cp: int, port: int, folder: str, config: SFTConfig = SFT) -> None:
+def _rank(rank: int, port: int, cp: int, folder: str, config: SFTConfig = SFT) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -61,7 +62,7 @@ def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, c
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((copy.deepcopy(model), episodes), f)
     config = dataclasses.replace(SFT, micro_batch_tokens=micro)
-    torch.multiprocessing.spawn(_rank, args=(cp, free_port(), str(tmp_path), config), nprocs=2, join=True)
+    spawn_ranks(_rank, 2, cp, str(tmp_path), config)
     history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     start = copy.deepcopy(model.state_dict())

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from opencomposer.distributed.runtime import free_port
+from tests.distributed.ranks import spawn_ranks
 
 BATCH, SEQ, VOCAB, RANKS = 4, 8, 128, 2
 LR = 1e-2
@@ -135,7 +135,7 @@ def runs(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch.multiprocessing.spawn(_rank, args=(free_port(), str(folder)), nprocs=RANKS, join=True)
+        spawn_ranks(_rank, RANKS, str(folder))
         single = {}
         for kind in KINDS:
             model = copy.deepcopy(built[kind])

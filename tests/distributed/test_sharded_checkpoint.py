@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from opencomposer.config import ConfigError, load_recipe
-from opencomposer.distributed.runtime import World, free_port
+from opencomposer.distributed.runtime import World
 from opencomposer.rl.trainer import ScoredStep, Trainer
+from tests.distributed.ranks import spawn_ranks
 from tests.distributed.test_dp_rl_step import TOKENIZER, make_rows
 from tests.distributed.test_dp_rl_step import config as base_config
 
@@ -26,7 +27,7 @@ def config():
     return cfg
 
 
-def _rank(rank: int, mode: str, port: int, folder: str) -> None:
+def _rank(rank: int, port: int, mode: str, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -70,7 +71,7 @@ def test_two_ranks_write_shards_that_one_process_resumes_from(small_model, tmp_p
     first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((copy.deepcopy(small_model), None, first), f)
-    torch.multiprocessing.spawn(_rank, args=("write", free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_rank, 2, "write", str(tmp_path))
     out = pickle.loads((tmp_path / "out.pkl").read_bytes())
     assert out["state"] == {"optimizer_format": "sharded", "updates": 1}
     assert (tmp_path / "optimizer" / ".metadata").is_file()
@@ -98,7 +99,7 @@ def test_one_process_writes_shards_that_two_ranks_resume_from(small_model, tmp_p
     single.save_optimizer(tmp_path / "optimizer")
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((copy.deepcopy(single.model), state, second), f)
-    torch.multiprocessing.spawn(_rank, args=("resume", free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_rank, 2, "resume", str(tmp_path))
     out = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     loss, _ = single.train(ScoredStep(rows=copy.deepcopy(second)))

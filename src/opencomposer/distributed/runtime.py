@@ -31,6 +31,7 @@ to split the model, not the data: every rank still trains its own share of the r
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import pickle
 import socket
@@ -247,6 +248,7 @@ def free_port() -> int:
 
 
 def _spawned(rank: int, fn: Callable[..., Any], config: Config, args: tuple, port: int, result: str) -> None:
+    faulthandler.enable(all_threads=True)  # a rank killed by a signal (a native abort) prints where it was
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(config.trainer.world_size),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     world = join_group(config)

@@ -1,0 +1,40 @@
+"""The gloo tests' spawner reruns a run only when a rank died by a signal, never on an exception."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed.ranks import spawn_ranks
+
+
+def _abort_once(rank: int, port: int, folder: str) -> None:
+    marker = Path(folder) / f"started-{rank}"
+    if rank == 1 and not marker.exists():
+        marker.write_text("")
+        os.kill(os.getpid(), signal.SIGABRT)  # as a gloo rank aborting in native code
+    (Path(folder) / f"done-{rank}-{port}").write_text("")
+
+
+def _raise(rank: int, port: int, folder: str) -> None:
+    (Path(folder) / f"attempt-{rank}-{port}").write_text("")
+    raise ValueError("a wrong result")
+
+
+def test_a_rank_killed_by_a_signal_is_run_again_on_a_fresh_port(tmp_path):
+    with pytest.warns(RuntimeWarning, match="rank 1 of 2 died by SIGABRT"):
+        spawn_ranks(_abort_once, 2, str(tmp_path))
+    done = sorted(p.name for p in tmp_path.glob("done-*"))
+    ports = {name.split("-")[2] for name in done if name.startswith("done-1")}
+    assert len(ports) == 1 and any(name.startswith("done-0") for name in done)
+    assert (tmp_path / "started-1").exists()
+
+
+def test_an_exception_in_a_rank_is_not_retried(tmp_path):
+    with pytest.raises(torch.multiprocessing.ProcessRaisedException, match="a wrong result"):
+        spawn_ranks(_raise, 2, str(tmp_path))
+    assert len({p.name.split("-")[2] for p in tmp_path.glob("attempt-*")}) == 1  # one attempt, one port
