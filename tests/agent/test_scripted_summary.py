@@ -123,6 +123,8 @@ def test_the_oracle_reads_script_json(tmp_path):
     ([{"calls": [{"name": "read_file"}]}], "a call must be"),
     ([{"calls": [{"name": "delete", "arguments": {}}]}], "unknown tool 'delete'"),
     ([{"calls": [{"name": "finish", "arguments": {}}], "note": 3}], "'note' must be a string"),
+    ([{"calls": [{"name": "finish", "arguments": {}}], "scratch": ["x"]}], "'scratch' must be a string"),
+    ([{"calls": [{"name": "finish", "arguments": {}}], "thought": "x"}], "optional 'note' and 'scratch'"),
 ])
 def test_a_malformed_walkthrough_is_refused_with_its_turn(tmp_path, bad, message):
     path = tmp_path / "script.json"
@@ -146,6 +148,20 @@ def test_the_oracle_plays_the_walkthrough_in_the_loop(tmp_path, tokenizer):
     assert episode.status == EpisodeStatus.OK and len(episode.turns) == 3
     assert "key: tree" in episode.segments[0].messages[3].content  # the read's output
     assert diff == task.gold_patch
+
+
+def test_a_summary_right_after_a_turn_with_scratch_thinks_it_first(task, tokenizer):
+    """The scratch of the turn just played opens the summary in a ``<think>`` block; a summary
+    after a turn without one, or before any turn, has none."""
+    script = [NotedTurn([call("read_file", path="notes/a.txt")], note="found: tree", scratch="key: tree"),
+              NotedTurn([call("read_file", path="notes/b.txt")], note="found: tree node")]
+    policy = ScriptedPolicy(script, tokenizer=tokenizer)
+    first = policy.act(context(task, turn_index=1, summaries=0, summary=True)).text
+    assert first.startswith("<think>\nkey: tree\n</think>\nProgress: 1 of 2")
+    assert not policy.act(context(task, turn_index=3, summaries=1, summary=True)).text.startswith("<think>")
+    assert not policy.act(context(task, turn_index=0, summaries=0, summary=True)).text.startswith("<think>")
+    parsed = parse_turn(first)
+    assert not parsed.calls
 
 
 def test_a_later_note_with_the_same_label_replaces_the_earlier_one(task, tokenizer):

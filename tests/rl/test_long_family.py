@@ -101,9 +101,11 @@ def test_the_task_folder_holds_the_walkthrough_and_budgets(tmp_path):
     assert [turn[0].name for turn in turns] == ["read_file"] * k + ["write_file", "finish"]
     pending = [f'pending write_file: {{"path": "out.txt", "content": "{" ".join(spec.words[:i])}"}}' for i in range(1, k + 1)]
     assert [turn.note for turn in turns[:k]] == pending  # the answer's write, with the words read so far
+    assert [turn.scratch for turn in turns[:k]] == [f"key: {word}" for word in spec.words]  # the word just read
     assert turns[k][0].arguments == {"path": "out.txt", "content": answer + "\n"}
     raw = json.loads((task.path / "solution" / "script.json").read_text())
-    assert raw[0] == {"calls": [{"name": "read_file", "arguments": {"path": "notes/part1.txt"}}], "note": pending[0]}
+    assert raw[0] == {"calls": [{"name": "read_file", "arguments": {"path": "notes/part1.txt"}}], "note": pending[0],
+                      "scratch": f"key: {spec.words[0]}"}
     # the final write's arguments repeat the last note's, token for token up to the closing newline
     assert ('"arguments": ' + pending[-1].split(": ", 1)[1][:-2] + "\\n") in format_tool_call("write_file", turns[k][0].arguments)
 
@@ -117,6 +119,7 @@ def test_a_wrong_demonstration_misreads_one_note(tmp_path):
     assert turns[spec.k][0].arguments["content"] == " ".join(wrong) + "\n"
     assert turns[spec.mistake_position].note.endswith('data"}')
     assert all("data" in turn.note for turn in turns[spec.mistake_position: spec.k])  # carried from there on
+    assert turns[spec.mistake_position].scratch == "key: data"
     with pytest.raises(ValueError, match="one word"):
         write_tiny_task(tmp_path / "bad", spec, answer="two words")
 
@@ -201,6 +204,14 @@ def test_the_window_needs_a_context_policy(tmp_path, tiny_tokenizer):
     assert all(len(segment.token_ids()) <= CONTEXT_WINDOW for segment in episode.segments)
     last = episode.summaries[-1]  # facts carried forward: one running list, as it stands
     assert last.count("pending write_file") == 1 and '"content": "' + " ".join(task.metadata["words"]) + '"' in last
+    # each summary after a read thinks first (the word just read; the summary after the write does
+    # not), and the block stays out of what it hands on
+    words = task.metadata["words"]
+    summaries = [segment.turns[-1].text for segment in episode.segments[:-1]]
+    assert [text.split("\n")[:3] for text in summaries[:len(words)]] == [["<think>", f"key: {w}", "</think>"]
+                                                                         for w in words]
+    assert not any("<think>" in text for text in summaries[len(words):])
+    assert not any("<think>" in summary or "key: " in summary for summary in episode.summaries)
 
 
 @pytest.mark.integration

@@ -40,25 +40,28 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from opencomposer.agent.protocol import encode, format_tool_call
+from opencomposer.agent.protocol import THINK_CLOSE, THINK_OPEN, encode, format_tool_call
 from opencomposer.model.tokenizer import IM_END
 from opencomposer.sandbox.patch import apply_hunks, parse_patch
 from opencomposer.types import Context, PolicyOutput, Task, ToolCall
 
 SCRIPT_FILE = Path("solution") / "script.json"  # a task folder's walkthrough for the oracle
-TURN_KEYS = ("calls", "note")
+TURN_KEYS = ("calls", "note", "scratch")
 SUMMARY_ARGUMENT_CHARS = 80  # a summary line shows at most this much of a path or command
 
 
 class NotedTurn(list[ToolCall]):
     """A turn of tool calls with a ``note``: what playing it taught the agent (e.g.
     "notes/part2.txt: key = node"), which the oracle's summaries repeat (the latest note of each
-    label: ``script_summary``). It is a plain list of calls to everything else (rendering,
-    ``one_turn_oracle``)."""
+    label: ``script_summary``), and a ``scratch``: what the oracle thinks, in a ``<think>`` block,
+    before a summary written right after this turn (the fact the summary is about to add, found
+    in the tool output; the loop drops the block from what the summary hands on). It is a plain
+    list of calls to everything else (rendering, ``one_turn_oracle``)."""
 
-    def __init__(self, calls: Iterable[ToolCall] = (), note: str = ""):
+    def __init__(self, calls: Iterable[ToolCall] = (), note: str = "", scratch: str = ""):
         super().__init__(calls)
         self.note = note
+        self.scratch = scratch
 
 
 ScriptTurn = str | list[ToolCall]
@@ -105,7 +108,8 @@ def script_summary(turns: Sequence[ScriptTurn], played: int) -> str:
     lines = [f"Progress: {played} of {len(turns)} planned steps done.", "Done:"]
     lines += [f"- {line}" for line in done] or ["- nothing yet"]
     lines += ["Remaining:", *(f"- {line}" for line in remaining)]
-    return "\n".join(lines)
+    scratch = getattr(turns[played - 1], "scratch", "") if played else ""
+    return (f"{THINK_OPEN}\n{scratch}\n{THINK_CLOSE}\n" if scratch else "") + "\n".join(lines)
 
 
 def render_turn(turn: ScriptTurn) -> str:
@@ -157,7 +161,8 @@ class ScriptedPolicy:
 def load_script(path: Path) -> list[ScriptTurn]:
     """Read a walkthrough (``solution/script.json``): a JSON list of turns, each an object with
     ``calls`` (a non-empty list of ``{"name": TOOL, "arguments": {...}}``) and an optional
-    ``note`` (a string). Raises ``ValueError`` naming the file and the turn for anything else."""
+    ``note`` and ``scratch`` (strings, ``NotedTurn``). Raises ``ValueError`` naming the file and
+    the turn for anything else."""
     from opencomposer.agent.tools import tool_schemas
 
     tools = {schema["function"]["name"] for schema in tool_schemas()}
@@ -171,10 +176,12 @@ def load_script(path: Path) -> list[ScriptTurn]:
     for i, entry in enumerate(data):
         where = f"{path}: turn {i}"
         if not isinstance(entry, dict) or set(entry) - set(TURN_KEYS) or "calls" not in entry:
-            raise ValueError(f"{where}: expected an object with 'calls' and an optional 'note', got {entry!r}")
-        note = entry.get("note", "")
-        if not isinstance(note, str):
-            raise ValueError(f"{where}: 'note' must be a string, got {note!r}")
+            raise ValueError(f"{where}: expected an object with 'calls' and an optional 'note' and 'scratch', "
+                             f"got {entry!r}")
+        note, scratch = entry.get("note", ""), entry.get("scratch", "")
+        for key, value in (("note", note), ("scratch", scratch)):
+            if not isinstance(value, str):
+                raise ValueError(f"{where}: {key!r} must be a string, got {value!r}")
         calls = entry["calls"]
         if not isinstance(calls, list) or not calls:
             raise ValueError(f"{where}: 'calls' must be a non-empty list of tool calls")
@@ -185,7 +192,7 @@ def load_script(path: Path) -> list[ScriptTurn]:
             if c["name"] not in tools:
                 raise ValueError(f"{where}: unknown tool {c['name']!r}; expected one of {', '.join(sorted(tools))}")
             parsed.append(ToolCall(c["name"], dict(c["arguments"])))
-        turns.append(NotedTurn(parsed, note))
+        turns.append(NotedTurn(parsed, note, scratch))
     return turns
 
 

@@ -52,7 +52,11 @@ and the final write repeats the last note's arguments token for token. That form
 small model: it copies text it sees again in the same form, while gathering words from one line
 per note into a list is a step it does not learn from demonstrations (docs/LOG.md, 2026-12-05).
 What it must still learn is to add the newest word to the list (the ``append`` pretraining
-source, ``pretrain.recall``).
+source, ``pretrain.recall``). Each read also has a ``scratch``, ``key: WORD`` as the note has it:
+the oracle's summary after that read opens with it in a ``<think>`` block (the scratch space of
+the report's summary turn, which the loop drops from what the summary hands on), so the newest
+word is written once, looked up from the note's output alone (no earlier summary holds a
+``key:`` line to copy instead), a few tokens before the list it is added to.
 ``solution/gold.patch`` holds the same change, for the grader and ``verify_task``.
 
 Summary quality (``summary_retention``): over the segments after the first, the share of the key
@@ -89,6 +93,7 @@ HELDOUT_SHARE = 5  # one sequence in five is held out
 FILLER_LINES = 10  # log lines per note besides the key line: the knob for a read's size in tokens
 CONTEXT_WINDOW = 2560  # the window (agent.context_window) the family is sized against; see the module doc
 OUT_FILE = "out.txt"
+KEY_LABEL = "key"  # a note's one line that names its word: "key: WORD"
 TEST_PATH = "tests/test_answer.py"
 TEST_ID = f"{TEST_PATH}::test_answer"
 CATALOGUE_SEED = 0x10E6  # fixed: the catalogue and the split do not depend on the run seed
@@ -229,7 +234,7 @@ def _note(layout: int, part: int, word: str) -> str:
                                   e=int(rng.integers(50, 100)), p=int(rng.integers(1024, 65536)),
                                   h=f"{int(rng.integers(1 << 32)):08x}")
         lines.append(f"2024-03-{day:02d} {clock} {level:<5} {component}[{int(rng.integers(100, 1000))}]: {message}")
-    lines.insert(int(rng.integers(0, FILLER_LINES + 1)), f"key: {word}")
+    lines.insert(int(rng.integers(0, FILLER_LINES + 1)), f"{KEY_LABEL}: {word}")
     return "\n".join(lines) + "\n"
 
 
@@ -339,7 +344,7 @@ def walkthrough(spec: LongSpec, written: tuple[str, ...]) -> list[dict[str, Any]
     pending write with the words so far, then the write of ``written`` and ``finish``."""
     turns: list[dict[str, Any]] = [
         {"calls": [{"name": "read_file", "arguments": {"path": spec.note_path(part)}}],
-         "note": pending_note(written[:part])}
+         "note": pending_note(written[:part]), "scratch": f"{KEY_LABEL}: {written[part - 1]}"}
         for part in range(1, len(written) + 1)
     ]
     answer = " ".join(written)
