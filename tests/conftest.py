@@ -47,6 +47,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     return report
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Each test leaves torch's thread count as it found it: code under test that applies a
+    recipe's ``run.threads`` (``RLRun``, ``run_sft``) sets it for the whole process, and a later
+    test comparing results bit for bit with another process would depend on the order."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Torch on one thread for a module's tests (restored after): tiny models run fastest on one,

@@ -54,6 +54,9 @@ def test_the_inference_process_samples_as_the_service_does_and_comes_back_after_
     store = WeightStore(tmp_path / "weights")
     store.publish({k: v.detach().clone() for k, v in model.state_dict().items()}, 0)
     config = Config()
+    # the child on as many torch threads as this process: another count sums in another order,
+    # and the logprobs compared bit for bit below would differ in the last place
+    config.run.threads = torch.get_num_threads()
     local = InferenceService(model, tokenizer, 0, lambda: (store.load(store.latest()), store.latest()), inference=config)
     remote = InferenceProcess(str(tmp_path / "initial"), config, store.url, 0, tokenizer)
     try:
