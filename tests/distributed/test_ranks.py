@@ -13,9 +13,9 @@ from tests.distributed.ranks import spawn_ranks
 
 
 def _abort_once(rank: int, port: int, folder: str) -> None:
-    marker = Path(folder) / f"started-{rank}"
-    if rank == 1 and not marker.exists():
-        marker.write_text("")
+    first = not any(Path(folder).glob(f"attempt-{rank}-*"))
+    (Path(folder) / f"attempt-{rank}-{port}").write_text("")
+    if rank == 1 and first:
         os.kill(os.getpid(), signal.SIGABRT)  # as a gloo rank aborting in native code
     (Path(folder) / f"done-{rank}-{port}").write_text("")
 
@@ -28,10 +28,10 @@ def _raise(rank: int, port: int, folder: str) -> None:
 def test_a_rank_killed_by_a_signal_is_run_again_on_a_fresh_port(tmp_path):
     with pytest.warns(RuntimeWarning, match="rank 1 of 2 died by SIGABRT"):
         spawn_ranks(_abort_once, 2, str(tmp_path))
-    done = sorted(p.name for p in tmp_path.glob("done-*"))
-    ports = {name.split("-")[2] for name in done if name.startswith("done-1")}
-    assert len(ports) == 1 and any(name.startswith("done-0") for name in done)
-    assert (tmp_path / "started-1").exists()
+    attempts = {p.name.split("-")[2] for p in tmp_path.glob("attempt-1-*")}
+    assert len(attempts) == 2  # rank 1 ran twice, on two ports
+    finished = [p.name for p in tmp_path.glob("done-1-*")]
+    assert len(finished) == 1 and (tmp_path / finished[0].replace("done-1", "done-0")).exists()  # both, on the rerun
 
 
 def test_an_exception_in_a_rank_is_not_retried(tmp_path):
