@@ -164,7 +164,8 @@ def test_gold_resolves_and_the_untouched_workspace_does_not(tmp_path):
 @pytest.mark.bwrap
 def test_read_sizes_and_the_full_read_through_overrun_the_window(tmp_path, tiny_tokenizer):
     """The oracle without a context policy: each read is ``READ_TOKENS``, and the single segment
-    of a full read-through is longer than ``CONTEXT_WINDOW`` for every K, the smallest included."""
+    of a full read-through is longer than ``CONTEXT_WINDOW`` for every K, and at that window even the
+    shortest task stops before its write."""
     from opencomposer.sandbox.workspace import Sandbox
 
     for k in LENGTHS:
@@ -180,7 +181,13 @@ def test_read_sizes_and_the_full_read_through_overrun_the_window(tmp_path, tiny_
         total = len(episode.segments[0].token_ids())
         assert total > CONTEXT_WINDOW + 200, (k, total)
         if k == min(LENGTHS):
-            assert prompt + sum(sizes) > CONTEXT_WINDOW  # the reads alone overrun it, before any turn text
+            # The shortest task already stops at the window, before its write. The prompt and reads
+            # alone come within ~50 tokens of the window either way with the tokenizers trained on
+            # different installations (it is trained on the installed source), so that is not asserted.
+            off = load_recipe(None, [f"agent.context_window={CONTEXT_WINDOW}", "grading.lint=false"])
+            stopped = run_episode(task, ScriptedPolicy(oracle_script, tokenizer=tiny_tokenizer), off)
+            assert stopped.status == EpisodeStatus.TIMEOUT and stopped.limit == EndReason.TOKEN_BUDGET
+            assert "out.txt" not in (stopped.diff or "") and stopped.reward == 0.0
 
 
 @pytest.mark.integration
