@@ -135,7 +135,7 @@ def main() -> None:
     engine = LocalEngine(model, tokenizer, batch_invariant=False)
     if args.samples < 1 or (args.samples > 1 and args.agent == "oracle"):
         parser.error("--samples: at least 1, and more than 1 only with --agent model (the oracle is deterministic)")
-    base = ["grading.lint=false", f"sampling.temperature={args.temperature}", f"sampling.max_new_tokens={args.compaction_tokens}",
+    base = ["grading.lint=false", f"sampling.temperature={args.temperature}",
             f"agent.summary_max_tokens={args.summary_tokens}", f"agent.compaction_max_tokens={args.compaction_tokens}"]
     config = load_recipe(None, base)
     summarizer = EnginePolicy(engine, tokenizer, config.sampling, name=str(args.model))

@@ -169,6 +169,24 @@ def test_the_token_cap_falls_back_to_max_tokens_once_and_for_good(config: HttpPo
                                                                            "max_tokens": 10}] * 3
 
 
+def test_a_summary_request_has_the_loop_cap_and_a_work_turn_the_sampling_cap(config: HttpPolicyConfig):
+    """``sampling.max_new_tokens`` caps work turns; a summary (or compaction) call gets the cap the
+    loop gives it (``agent.summary_max_tokens`` within what is left)."""
+    from dataclasses import replace
+
+    from opencomposer.config import SamplingConfig
+
+    server = FakeServer([tool_reply("c1", "finish", "{}"), tool_reply("c2", "finish", "{}")])
+    config.base_url = server.url
+    policy = OpenAIPolicy(config, model="m", sampling=SamplingConfig(max_new_tokens=6))
+    try:
+        policy.act(replace(_context(), max_new_tokens=300))
+        policy.act(replace(_context(), max_new_tokens=300, summary=True))
+    finally:
+        server.close()
+    assert [r["body"]["max_completion_tokens"] for r in server.requests] == [6, 300]
+
+
 def test_without_native_tools_the_tools_travel_in_the_prompt(config: HttpPolicyConfig, tokenizer):
     """``agent.http.native_tools = false``: no ``tools`` in the request, and the messages render to
     the same prompt text as the native request would (tools listed by the template)."""

@@ -78,3 +78,31 @@ def test_tiny_moe_episode_record_is_complete_and_consistent(tokenizer):
                                              add_generation_prompt=True, tokenize=False)
     assert tokenizer.decode(context, skip_special_tokens=False) == rendered  # ids = the tokenised transcript
     assert sum(segment.loss_mask()) == sum(len(t.token_ids) for t in episode.turns) == episode.metrics["completion_tokens"]
+
+
+def test_a_summary_turn_has_the_summary_cap_not_the_work_turn_cap(tokenizer):
+    """``sampling.max_new_tokens`` caps work turns only: a summary may take ``agent.summary_max_tokens``
+    (a K = 6 tiny-long plan is longer than the tool-call cap of recipes/tiny-long.toml, and a summary
+    cut at that cap dropped the last note from the plan it handed on)."""
+    from opencomposer.config import AgentConfig
+    from opencomposer.inference import LocalEngine
+    from opencomposer.model import load_model
+
+    model_config = ModelConfig(kind="tiny_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                               head_dim=16, num_experts=4, top_k=2, moe_intermediate_size=64)
+    model, tokenizer = load_model(model_config, tokenizer, seed=0)
+    engine = RecordingEngine(LocalEngine(model, tokenizer))
+    policy = EnginePolicy(engine, tokenizer, SamplingConfig(max_new_tokens=8, temperature=1.0))
+    task = load_task(FIXTURES / "fix-add")
+    task.budgets.max_turns = 2
+    config = AgentConfig(context_policy="self_summary", summary_trigger_tokens=1, summary_max_tokens=40)
+    with Sandbox(task.repo) as sandbox:
+        episode = AgentLoop(policy, task, sandbox, config, seed=3).run()
+
+    kinds = ["summary" if t.summary else "work" for t in episode.turns]
+    assert kinds[:3] == ["work", "summary", "work"], kinds
+    caps = [params.max_new_tokens for _, params, _ in engine.calls]
+    assert caps[:3] == [8, 40, 8]
+    summary = episode.turns[1]
+    assert 8 < len(summary.token_ids) <= 40  # random weights rarely stop early: it ran past the work-turn cap
+    assert all(len(t.token_ids) <= 8 for t in episode.turns if not t.summary)

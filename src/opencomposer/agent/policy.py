@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from opencomposer.protocols import Policy
 from opencomposer.types import Context, PolicyOutput
 
-__all__ = ["POLICIES", "Context", "Policy", "PolicyError", "PolicyOutput", "make_policy"]
+__all__ = ["POLICIES", "Context", "Policy", "PolicyError", "PolicyOutput", "make_policy", "turn_token_cap"]
 
 if TYPE_CHECKING:
     from opencomposer.config import Config
@@ -29,6 +29,17 @@ if TYPE_CHECKING:
 class PolicyError(RuntimeError):
     """The policy backend failed (server unreachable after retries, engine crash): an
     infrastructure error, recorded as ``EpisodeStatus.INFRA_ERROR``."""
+
+
+def turn_token_cap(sampling_max_new_tokens: int, context: Context) -> int:
+    """New tokens a policy may sample for ``context``, at least 1. A work turn: the smaller of
+    ``sampling.max_new_tokens`` and what the loop leaves (budgets, window). A summary or compaction
+    call (``context.summary``): the loop's cap alone, which already is the smaller of
+    ``agent.summary_max_tokens`` (``agent.compaction_max_tokens``) and what is left, so a short
+    per-turn cap for tool calls does not cut a summary short."""
+    if context.summary:
+        return max(1, context.max_new_tokens)
+    return max(1, min(sampling_max_new_tokens, context.max_new_tokens))
 
 
 POLICIES = {

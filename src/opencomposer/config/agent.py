@@ -27,6 +27,8 @@ class SamplingConfig(Section):
     top_k: int = 0
     """0 disables top-k. Local sampling only: the chat-completions API has no top-k."""
     max_new_tokens: int = 256
+    """New tokens a work turn may take. Summary and compaction calls have their own caps
+    (``agent.summary_max_tokens``, ``agent.compaction_max_tokens``)."""
     speculative: Literal["off", "mtp"] = "off"
     """``mtp``: the local engine drafts the token after each sampled one with the model's MTP
     layer (``model.num_mtp_layers``) and verifies it in the same forward; lossless (the tokens are

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from opencomposer.agent.policy import PolicyError
+from opencomposer.agent.policy import PolicyError, turn_token_cap
 from opencomposer.agent.protocol import text_protocol_messages
 from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import Config, HttpPolicyConfig, SamplingConfig
@@ -89,7 +89,7 @@ class OpenAIPolicy:
             "messages": openai_messages(messages),
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
-            self.token_cap_key: max(1, min(self.sampling.max_new_tokens, context.max_new_tokens)),
+            self.token_cap_key: turn_token_cap(self.sampling.max_new_tokens, context),
         }
         if self.config.native_tools:
             body["tools"] = tools

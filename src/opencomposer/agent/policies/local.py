@@ -4,8 +4,9 @@ Token in, token out: it samples a turn from the exact context ids the loop keeps
 sampled ids with their logprobs, routes (of the sampled tokens, and of the context's prefill) and
 the policy version of every token (an engine that
 takes new weights in flight can switch inside a turn), so the episode can be trained on as is.
-Sampling settings come from the recipe's ``[sampling]``; the per-turn token cap is the smaller of
-``sampling.max_new_tokens`` and what the episode's budgets leave. Generation is
+Sampling settings come from the recipe's ``[sampling]``; the token cap of a work turn is the
+smaller of ``sampling.max_new_tokens`` and what the episode's budgets leave, that of a summary the
+loop's (``agent.summary_max_tokens``; ``agent.policy.turn_token_cap``). Generation is
 serialised with a lock, so one engine can serve parallel episodes; the time a turn waits for that
 lock or in a batching front-end's queue is reported as ``PolicyOutput.wait_s``, which the agent
 loop does not charge to the episode's wall-time budget.
@@ -17,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from opencomposer.agent.policy import PolicyError
+from opencomposer.agent.policy import PolicyError, turn_token_cap
 from opencomposer.config import Config, SamplingConfig
 from opencomposer.model.tokenizer import stop_token_ids
 from opencomposer.protocols import Engine
@@ -41,7 +42,7 @@ class EnginePolicy:
         if context.token_ids is None:
             raise PolicyError("EnginePolicy needs the context's token ids (the loop keeps them when the policy has a tokenizer)")
         params = SamplingParams(
-            max_new_tokens=max(1, min(self.sampling.max_new_tokens, context.max_new_tokens)),
+            max_new_tokens=turn_token_cap(self.sampling.max_new_tokens, context),
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
             top_k=self.sampling.top_k,
