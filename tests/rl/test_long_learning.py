@@ -5,13 +5,13 @@ oracle's self-summary episodes of the ``tiny-long`` family, then RL rewarded by 
 alone, every model token of an episode's chain (its summaries included) carrying the episode's
 advantage. Held-out tasks ask for word combinations training never shows; a task's K reads do not
 fit the 2,560-token window, so an episode resolves only if its summaries carry the words found
-so far. RL must raise held-out pass@1 and the share of facts a fresh segment opens with
-(``summary_retention``).
+so far. The pipeline runs once (a module fixture); the tests read its results.
 
-Not passing yet (docs/LOG.md, 2026-12-05, "the pipeline for self-summary"): the SFT policy gets
-every summary token right on held-out demonstrations but the one that appends the newest word to
-the carried list, so no held-out episode resolves and RL has no signal. The test states the goal
-and runs the whole recipe; it is expected to fail until the append step is learned.
+Measured (docs/LOG.md, 2026-12-06, "the tiny model carries the words"): the SFT stage alone
+resolves 127 of 128 held-out episodes (summary retention 0.996), so RL has no room to raise
+pass@1 at the recipe's window; shorter SFT runs (700 and 1,100 steps) resolve none, and at a
+trigger after two reads the SFT policy resolves none either, so a starting point where RL has
+both room and signal is not found yet. The RL test states that goal and is expected to fail.
 """
 
 from __future__ import annotations
@@ -25,34 +25,45 @@ from opencomposer.config import load_recipe
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny-long.toml"
 
-pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
+pytestmark = [pytest.mark.integration, pytest.mark.bwrap, pytest.mark.slow]
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(reason="the tiny MoE does not yet learn to append to a carried list (docs/LOG.md, 2026-12-05)",
-                   strict=False)
-@pytest.mark.timeout(3 * 3600)  # pretraining ~50 minutes on one thread, SFT ~10, RL ~25
-def test_rl_through_self_summaries_raises_heldout_pass_at_1_on_the_long_family(tmp_path: Path):
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """Pretraining, SFT and RL of the recipe in one folder (~50 + 30 + 25 minutes on two cores)."""
     from opencomposer.pretrain.phases import run_phases
     from opencomposer.pretrain.sft import run_sft
     from opencomposer.rl.loop import run_rl
 
-    base, sft = tmp_path / "tiny-long-base", tmp_path / "tiny-long-sft"
-    common = [f"run.out_dir={tmp_path}"]
-    _, _, pretraining = run_phases(load_recipe(RECIPE, [*common, "run.name=tiny-long-base", "model.path="]),
-                                   progress=False)
-    probes = [r for r in pretraining.history if r["kind"] == "eval" and "probe_append_256_first_token" in r]
-    assert probes[-1]["probe_append_256_first_token"] >= 0.5, probes[-1]  # the append step, learned
+    root = tmp_path_factory.mktemp("tiny-long")
+    base, sft = root / "tiny-long-base", root / "tiny-long-sft"
+    common = [f"run.out_dir={root}"]
+    run_phases(load_recipe(RECIPE, [*common, "run.name=tiny-long-base", "model.path="]), progress=False)
     run_sft(load_recipe(RECIPE, [*common, f"sft.init={base / 'checkpoint'}", f"sft.out={sft}"]), progress=False)
     config = load_recipe(RECIPE, [*common, f"model.path={sft}"])
-    summary = run_rl(config, progress=False)
+    return config, run_rl(config, progress=False)
 
-    first, last = summary.first_eval, summary.last_eval
-    assert first["step"] == 0 and last["step"] == config.rl.steps
-    assert first["episodes_infra_error"] == last["episodes_infra_error"] == 0
-    assert last["pass_at_1"] > first["pass_at_1"], summary.evaluations
-    assert last["summary_retention"] > first["summary_retention"], summary.evaluations
+
+@pytest.mark.timeout(3 * 3600)
+def test_the_sft_policy_resolves_heldout_tasks_through_its_own_summaries(pipeline):
+    config, summary = pipeline
+    first = summary.first_eval  # before the first RL step: the SFT policy
+    assert first["step"] == 0 and first["episodes_infra_error"] == 0
+    assert first["pass_at_1"] >= 0.8, first
+    assert first["summary_retention"] >= 0.9 and first["summary_spurious"] <= 0.05, first
+    assert first["chain_summaries"] >= 3  # K = 3 to 6 notes: a summary after every read
     # the chains are real: the training rollouts summarised, several times an episode
     rows = [json.loads(line) for line in (summary.run_dir / "rollouts" / "step-000001.jsonl").read_text().splitlines()]
     assert min(r["summaries"] for r in rows if r["status"] != "infra_error") >= 1
     assert max(r["segments"] for r in rows) >= 3
+
+
+@pytest.mark.timeout(3 * 3600)
+@pytest.mark.xfail(reason="the SFT policy already resolves ~99% of held-out tasks: no room for RL to raise "
+                          "pass@1 (docs/LOG.md, 2026-12-06)", strict=False)
+def test_rl_through_self_summaries_raises_heldout_pass_at_1(pipeline):
+    config, summary = pipeline
+    first, last = summary.first_eval, summary.last_eval
+    assert last["step"] == config.rl.steps and last["episodes_infra_error"] == 0
+    assert last["pass_at_1"] > first["pass_at_1"], summary.evaluations
+    assert last["summary_retention"] > first["summary_retention"], summary.evaluations
