@@ -208,7 +208,7 @@ def plot(table: list[dict[str, Any]], path: Path, agent: str = "oracle") -> None
             axes[0].scatter(entry["summary_tokens"], entry["retention"], marker=marker, s=60)
             axes[0].annotate(label, (entry["summary_tokens"], entry["retention"]),
                              fontsize=8, xytext=(4, 4), textcoords="offset points")
-            axes[1].bar(f"{entry['policy']}\n{trigger}", entry[outcome])
+            axes[1].bar(f"{entry['policy']} ({trigger})", entry[outcome])
             axes[2].scatter(entry["model_tokens"], entry[outcome], marker=marker, s=60)
             axes[2].annotate(label, (entry["model_tokens"], entry[outcome]),
                              fontsize=8, xytext=(4, 4), textcoords="offset points")
@@ -218,7 +218,9 @@ def plot(table: list[dict[str, Any]], path: Path, agent: str = "oracle") -> None
     axes[1].set_ylim(0, 1)
     axes[1].set_ylabel(f"share of episodes {'resolved' if agent == 'model' else 'whose answer is in view at the write'}")
     axes[1].set_title(outcome)
-    axes[1].tick_params(axis="x", labelsize=7)
+    axes[1].tick_params(axis="x", labelsize=7, labelrotation=35)
+    for label in axes[1].get_xticklabels():
+        label.set_horizontalalignment("right")
     axes[2].set_xlabel("model-written tokens per episode")
     axes[2].set_ylabel(outcome)
     axes[2].set_ylim(-0.05, 1.05)
