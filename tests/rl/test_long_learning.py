@@ -46,7 +46,7 @@ def pipeline(tmp_path_factory):
 
 @pytest.mark.timeout(3 * 3600)
 def test_the_sft_policy_resolves_heldout_tasks_through_its_own_summaries(pipeline):
-    config, summary = pipeline
+    _, summary = pipeline
     first = summary.first_eval  # before the first RL step: the SFT policy
     assert first["step"] == 0 and first["episodes_infra_error"] == 0
     assert first["pass_at_1"] >= 0.8, first
