@@ -23,6 +23,7 @@ What is measured per episode (the facts are the K key words, one per note):
   segment began that its opening holds (the summary, or the surviving tool outputs);
 - ``spurious``: the same share for the sixteen-word vocabulary's words the task does not use (a
   summary that lists words at random scores here too: the floor to read ``retention`` against);
+- ``plan``: the share of those segments that open with exactly the notes still to read;
 - ``summary_tokens`` (model-written summary or compaction tokens), ``compaction_prompt_tokens``
   (prefill of the separate compaction calls), ``summary_prefill_reused`` (context a prefix cache
   holds for a self-summary call), seconds.
@@ -54,7 +55,13 @@ from opencomposer.config import load_recipe
 from opencomposer.envs.rollout import run_episode
 from opencomposer.inference import LocalEngine
 from opencomposer.model.loading import load_model
-from opencomposer.tasks.generators.long import mentions, message_facts, summary_retention, summary_spurious
+from opencomposer.tasks.generators.long import (
+    mentions,
+    message_facts,
+    summary_plan,
+    summary_retention,
+    summary_spurious,
+)
 from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
 from opencomposer.types import Context, Episode, PolicyOutput
 
@@ -97,6 +104,7 @@ def measure(episode: Episode, words: tuple[str, ...]) -> dict[str, float]:
         "model_tokens": float(sum(len(t.token_ids) for t in episode.turns)) + m.get("compaction_tokens", 0.0),
         "retention": summary_retention(episode, words),
         "spurious": summary_spurious(episode, words),
+        "plan": summary_plan(episode, words),
         "segments": m.get("segments", 1.0),
         "summaries": m.get("summaries", 0.0),
         "summary_tokens": m.get("summary_tokens", 0.0),
@@ -186,8 +194,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for key in dict.fromkeys((r["trigger"], r["policy"]) for r in rows):
         group = [r for r in rows if (r["trigger"], r["policy"]) == key]
         entry = {"trigger": key[0], "policy": key[1], "episodes": len(group)}
-        for name in ("resolved", "answerable", "model_tokens", "retention", "spurious", "summaries", "summary_tokens",
-                     "compaction_prompt_tokens", "summary_prefill_reused", "seconds"):
+        for name in ("resolved", "answerable", "model_tokens", "retention", "spurious", "plan", "summaries",
+                     "summary_tokens", "compaction_prompt_tokens", "summary_prefill_reused", "seconds"):
             values = [r[name] for r in group if not np.isnan(r[name])]
             entry[name] = float(np.mean(values)) if values else float("nan")
         out.append(entry)

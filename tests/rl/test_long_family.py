@@ -281,6 +281,42 @@ def test_summary_retention_scores_what_the_summaries_carry(tmp_path, tiny_tokeni
     assert long.summary_retention(spam, spec.words) == 1.0 and long.summary_spurious(spam, spec.words) == 1.0
 
 
+class ShortPlanOracle(ScriptedPolicy):
+    """The oracle's work turns, with summaries whose plan drops the last note still to read."""
+
+    def summary(self, task, played):
+        return re.sub(r"\n- read_file notes/part\d+\.txt(?=\n- write_file)", "", super().summary(task, played))
+
+
+class LongPlanOracle(ScriptedPolicy):
+    """The oracle's work turns, with summaries whose plan reads a note the task does not have."""
+
+    def summary(self, task, played):
+        return super().summary(task, played).replace("Remaining:", "Remaining:\n- read_file notes/part9.txt")
+
+
+@pytest.mark.integration
+@pytest.mark.bwrap
+def test_summary_plan_scores_the_notes_a_summary_leaves_to_read(tmp_path, tiny_tokenizer):
+    """``summary_plan``: the oracle's summaries name exactly the notes still to read (1.0); a plan
+    without the last unread note is right only once nothing is left to read (the K-th and the
+    last fresh segment of K + 1); one with a note the task lacks is never right, nor is a summary
+    without a plan while notes remain."""
+    spec, task = written(tmp_path, 0, "train", first_of_length("train", 4))
+    config = load_recipe(None, [f"agent.context_window={CONTEXT_WINDOW}", "agent.context_policy=self_summary",
+                                "grading.lint=false"])
+
+    def plan(policy):
+        episode = run_episode(task, policy(oracle_script, tokenizer=tiny_tokenizer), config)
+        assert episode.reward == 1.0 and len(episode.segments) == spec.k + 2
+        return long.summary_plan(episode, spec.words)
+
+    assert plan(ScriptedPolicy) == 1.0
+    assert plan(ShortPlanOracle) == pytest.approx(2 / (spec.k + 1))
+    assert plan(LongPlanOracle) == 0.0
+    assert plan(SpammingOracle) == pytest.approx(2 / (spec.k + 1))
+
+
 class SpammingOracle(ScriptedPolicy):
     """The oracle's work turns, with summaries that name every word of the family."""
 

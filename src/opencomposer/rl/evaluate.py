@@ -10,9 +10,10 @@ differ only by the weights.
 - ``pass_at_1``: resolved rate over scored episodes (the unbiased pass@1 estimate from K samples);
 - ``best_of_k``: share of tasks with at least one resolved sample among their K;
 - ``format_error_rate``: share of the model's turns that could not be parsed into tool calls;
-- ``summary_retention`` and ``summary_spurious`` (``tiny-long`` episodes with a segment after a
-  read): the share of the facts read before a segment that it opens with, and of the words the
-  task does not use (``tasks.generators.long``): the summaries' quality, and its floor.
+- ``summary_retention``, ``summary_spurious`` and ``summary_plan`` (``tiny-long`` episodes with a
+  segment after a read): the share of the facts read before a segment that it opens with, of the
+  words the task does not use, and of segments that open with exactly the notes still to read
+  (``tasks.generators.long``): the summaries' quality, its floor, and the plan they hand on.
 
 Infrastructure failures are counted and left out, never scored as zeros. With ``record``, every
 episode is also written there, one JSON line each (``episode_record``: status, resolved, the text
@@ -36,7 +37,7 @@ from opencomposer.rl.rewards import episode_reward
 from opencomposer.rl.rollouts import episode_seed, run_groups
 from opencomposer.sandbox.patch import diff_stats
 from opencomposer.tasks.generators.long import NAME as LONG_FAMILY
-from opencomposer.tasks.generators.long import summary_retention, summary_spurious
+from opencomposer.tasks.generators.long import summary_plan, summary_retention, summary_spurious
 from opencomposer.types import Grade, Task
 
 
@@ -77,7 +78,7 @@ def evaluate(
                 words = tuple(group.task.metadata["words"])
                 share = summary_retention(episode, words)
                 if not np.isnan(share):
-                    retention.append((share, summary_spurious(episode, words)))
+                    retention.append((share, summary_spurious(episode, words), summary_plan(episode, words)))
         best.append(max(float(episode.grade.resolved) for episode in scored))
 
     if record is not None:
@@ -102,8 +103,9 @@ def evaluate(
         "episode_turns": mean(turns),
         "format_error_rate": format_errors / sum(turns) if sum(turns) else float("nan"),
         **chain_metrics([e for group in groups for e in group.episodes]),
-        **({"summary_retention": mean([r for r, _ in retention]),
-            "summary_spurious": mean([f for _, f in retention])} if retention else {}),
+        **({"summary_retention": mean([r for r, _, _ in retention]),
+            "summary_spurious": mean([f for _, f, _ in retention]),
+            "summary_plan": mean([p for _, _, p in retention])} if retention else {}),
     }
 
 

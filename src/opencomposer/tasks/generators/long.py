@@ -62,8 +62,10 @@ word is written once, looked up from the note's output alone (no earlier summary
 Summary quality (``summary_retention``): over the segments after the first, the share of the key
 words of the notes read in earlier segments that the segment opens with (its summary, or the tool
 outputs truncation kept); ``summary_spurious`` is the same share for the words the task does not
-use, so that a summary listing every word does not pass for a good one. Held-out evaluation during
-RL reports both means for the family's tasks.
+use, so that a summary listing every word does not pass for a good one. ``summary_plan`` is the
+share of those segments whose opening names exactly the notes still to read (the plan a summary
+hands on; dropping a note or naming one the task lacks fails the episode as surely as a lost word).
+Held-out evaluation during RL reports the three means for the family's tasks.
 """
 
 from __future__ import annotations
@@ -281,6 +283,7 @@ def opening_facts(segment: Any) -> str:
 
 
 _NOTE = re.compile(r"notes/part(\d+)\.txt")
+_NOTE_NAMED = re.compile(r"\bnotes/part(\d+)\.txt\b")
 
 
 def notes_read(segment: Any) -> set[int]:
@@ -317,6 +320,23 @@ def summary_spurious(episode: Any, words: tuple[str, ...]) -> float:
     summary that lists every word scores 1.0 on both); NaN for a single segment."""
     others = [w for w in WORDS if w not in words]
     shares = [sum(mentions(opening_facts(s), w) for w in others) / len(others) for s in episode.segments[1:]]
+    return float(np.mean(shares)) if shares else float("nan")
+
+
+def summary_plan(episode: Any, words: tuple[str, ...]) -> float:
+    """Over ``episode``'s segments after the first, the share whose opening (``opening_facts``)
+    names exactly the notes still to read: every ``notes/partN.txt`` of the task not read in
+    earlier segments, and no other part (one already read, or one the task does not have). The
+    other half of what a summary must carry: a plan that drops a note ends the episode a word
+    short, one that adds a note reads a missing file. NaN for a single segment."""
+    parts = set(range(1, len(words) + 1))
+    shares = []
+    read: set[int] = set()
+    for i, segment in enumerate(episode.segments):
+        if i:
+            named = {int(n) for n in _NOTE_NAMED.findall(opening_facts(segment))}
+            shares.append(float(named == parts - read))
+        read |= notes_read(segment)
     return float(np.mean(shares)) if shares else float("nan")
 
 
