@@ -7,11 +7,11 @@ advantage. Held-out tasks ask for word combinations training never shows; a task
 fit the 2,560-token window, so an episode resolves only if its summaries carry the words found
 so far. The pipeline runs once (a module fixture); the tests read its results.
 
-Measured (docs/LOG.md, 2026-12-06, "the tiny model carries the words"): the SFT stage alone
-resolves 127 of 128 held-out episodes (summary retention 0.996), so RL has no room to raise
-pass@1 at the recipe's window; shorter SFT runs (700 and 1,100 steps) resolve none, and at a
-trigger after two reads the SFT policy resolves none either, so a starting point where RL has
-both room and signal is not found yet. The RL test states that goal and is expected to fail.
+Measured (docs/LOG.md, 2026-12-06, "RL raises what SFT leaves"): the recipe stops SFT at 1,350
+steps, where the policy carries the words (summary retention 0.99) but the plan its summaries hand
+on often drops a note or names one the task lacks (``summary_plan`` 0.32); held-out pass@1 0.31.
+16 RL steps raised pass@1 to 0.54 and ``summary_plan`` to 0.41 (128 episodes each). 1,600 SFT
+steps resolve ~99% (nothing left for RL to raise), 700 and 1,100 none.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.bwrap, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-    """Pretraining, SFT and RL of the recipe in one folder (~50 + 30 + 25 minutes on two cores)."""
+    """Pretraining, SFT and RL of the recipe in one folder (~50 + 27 + 42 minutes on two cores)."""
     from opencomposer.pretrain.phases import run_phases
     from opencomposer.pretrain.sft import run_sft
     from opencomposer.rl.loop import run_rl
@@ -49,7 +49,7 @@ def test_the_sft_policy_resolves_heldout_tasks_through_its_own_summaries(pipelin
     _, summary = pipeline
     first = summary.first_eval  # before the first RL step: the SFT policy
     assert first["step"] == 0 and first["episodes_infra_error"] == 0
-    assert first["pass_at_1"] >= 0.8, first
+    assert 0.15 <= first["pass_at_1"] < first["best_of_k"], first  # resolves some, room and signal left
     assert first["summary_retention"] >= 0.9 and first["summary_spurious"] <= 0.05, first
     assert first["chain_summaries"] >= 3  # K = 3 to 6 notes: a summary after every read
     # the chains are real: the training rollouts summarised, several times an episode
@@ -59,11 +59,10 @@ def test_the_sft_policy_resolves_heldout_tasks_through_its_own_summaries(pipelin
 
 
 @pytest.mark.timeout(3 * 3600)
-@pytest.mark.xfail(reason="the SFT policy already resolves ~99% of held-out tasks: no room for RL to raise "
-                          "pass@1 (docs/LOG.md, 2026-12-06)", strict=False)
 def test_rl_through_self_summaries_raises_heldout_pass_at_1(pipeline):
     config, summary = pipeline
     first, last = summary.first_eval, summary.last_eval
     assert last["step"] == config.rl.steps and last["episodes_infra_error"] == 0
-    assert last["pass_at_1"] > first["pass_at_1"], summary.evaluations
-    assert last["summary_retention"] > first["summary_retention"], summary.evaluations
+    assert last["pass_at_1"] >= first["pass_at_1"] + 0.1, summary.evaluations
+    assert last["summary_plan"] > first["summary_plan"], summary.evaluations  # the summaries hand on a better plan
+    assert last["summary_retention"] >= 0.9, summary.evaluations  # and still carry the words
