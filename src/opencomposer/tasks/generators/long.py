@@ -64,7 +64,8 @@ words of the notes read in earlier segments that the segment opens with (its sum
 outputs truncation kept); ``summary_spurious`` is the same share for the words the task does not
 use, so that a summary listing every word does not pass for a good one. ``summary_plan`` is the
 share of those segments whose opening names exactly the notes still to read (the plan a summary
-hands on; dropping a note or naming one the task lacks fails the episode as surely as a lost word).
+hands on: a plan that drops a note can end the episode a word short, one that names a note the
+task lacks can end it on a missing file).
 Held-out evaluation during RL reports the three means for the family's tasks.
 """
 
