@@ -284,7 +284,6 @@ def opening_facts(segment: Any) -> str:
 
 
 _NOTE = re.compile(r"notes/part(\d+)\.txt")
-_NOTE_NAMED = re.compile(r"\bnotes/part(\d+)\.txt\b")
 
 
 def notes_read(segment: Any) -> set[int]:
@@ -335,7 +334,7 @@ def summary_plan(episode: Any, words: tuple[str, ...]) -> float:
     read: set[int] = set()
     for i, segment in enumerate(episode.segments):
         if i:
-            named = {int(n) for n in _NOTE_NAMED.findall(opening_facts(segment))}
+            named = {int(n) for n in _NOTE.findall(opening_facts(segment))}
             shares.append(float(named == parts - read))
         read |= notes_read(segment)
     return float(np.mean(shares)) if shares else float("nan")
