@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import sys
 import types
 
@@ -63,6 +64,7 @@ class _Model:
     def __init__(self):
         self.offset = 0
         self.loads: list[list[str]] = []
+        self.reloads = 0  # loads that came through the runner's in-place reload
 
     def load_weights(self, weights):
         weights = list(weights)
@@ -84,7 +86,10 @@ class _Engine:
 
     def add_request(self, request_id, prompt, params):
         assert params.output_kind is _Kind.DELTA and params.n == 1
-        self.requests[request_id] = {"prompt": list(prompt["prompt_token_ids"]), "params": params, "tokens": []}
+        prompt = list(prompt["prompt_token_ids"])
+        # the prefix cache, as vLLM reports it: a prompt seen before is served whole but for its last token
+        cached = len(prompt) - 1 if any(r["prompt"] == prompt for r in self.requests.values()) else 0
+        self.requests[request_id] = {"prompt": prompt, "params": params, "tokens": [], "cached": cached}
 
     def has_unfinished_requests(self):
         return any("done" not in r for r in self.requests.values())
@@ -119,14 +124,45 @@ class _Engine:
             completion = types.SimpleNamespace(token_ids=[token], logprobs=[{token: _Logprob(-0.01 * token)}],
                                                finish_reason=finish, routed_experts=routes)
             outputs.append(types.SimpleNamespace(request_id=request_id, outputs=[completion],
-                                                 finished=finish is not None))
+                                                 finished=finish is not None, num_cached_tokens=r["cached"]))
         return outputs
+
+
+class _Runner:
+    """A worker's model runner; ``reload`` gives it newer vLLM's in-place ``reload_weights``."""
+
+    def __init__(self, model: _Model, reload: bool):
+        self.model = model
+        if reload:
+            self.reload_weights = self._reload
+
+    def _reload(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        assert is_checkpoint_format and weights_path is None
+        self.model.reloads += 1
+        self.model.load_weights(weights_iterator)
+
+
+class _Worker:
+    def __init__(self, runner: _Runner):
+        self.model_runner = runner
+        if hasattr(runner, "reload_weights"):
+            self.reload_weights = lambda *args, **kwargs: runner.reload_weights(*args, **kwargs)
 
 
 class _LLM:
     instances: list[_LLM] = []
+    reload = True  # workers have reload_weights (newer vLLM); False: only the model's load_weights
+    # newer vLLM: routes only from the V2 model runner; v2 False: a build without it (vLLM's CPU build)
+    routes_need_v2, v2 = False, True
 
     def __init__(self, **kwargs):
+        if kwargs.get("enable_return_routed_experts") and self.routes_need_v2:
+            if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") != "1":
+                raise ValueError("1 validation error for VllmConfig\n  Value error, AuxOutput Connector requires "
+                                 "Model Runner V2; set VLLM_USE_V2_MODEL_RUNNER=1. [type=value_error]")
+            if not self.v2:
+                raise ValueError("1 validation error for VllmConfig\n  Value error, Model Runner V2 requires "
+                                 "Triton. [type=value_error]")
         self.kwargs = kwargs
         self.model = _Model()
         self.llm_engine = _Engine(self.model, routes=kwargs.get("enable_return_routed_experts", False))
@@ -134,8 +170,7 @@ class _LLM:
         _LLM.instances.append(self)
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=self.model))
-        return [method(worker, *args, **(kwargs or {}))]
+        return [method(_Worker(_Runner(self.model, self.reload)), *args, **(kwargs or {}))]
 
     def reset_prefix_cache(self):
         if self.llm_engine.has_unfinished_requests():
@@ -157,7 +192,9 @@ def fake_vllm(monkeypatch):
     module.EngineArgs = _EngineArgs
     module.sampling_params = types.SimpleNamespace(RequestOutputKind=_Kind)
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    for variable in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER"):  # the adapter may set them:
+        monkeypatch.setenv(variable, "")  # recorded, so the test's end puts back what was there
+        monkeypatch.delenv(variable)
     _LLM.instances.clear()
     return module
 
@@ -184,8 +221,6 @@ def test_asking_for_vllm_without_it_says_how_to_install(monkeypatch):
 
 
 def test_llm_is_built_with_the_recipe_knobs_and_processed_logprobs(fake_vllm, monkeypatch):
-    import os
-
     engine = _engine(is_moe=True, gpu_memory_utilization=0.7, tensor_parallel_size=2, enable_prefix_caching=False,
                      max_model_len=512, dtype="bfloat16")
     kwargs = engine.llm.kwargs
@@ -198,6 +233,31 @@ def test_llm_is_built_with_the_recipe_knobs_and_processed_logprobs(fake_vllm, mo
     assert engine.max_positions == 512
     dense = _engine()
     assert "enable_return_routed_experts" not in dense.llm.kwargs and "max_model_len" not in dense.llm.kwargs
+    assert "enforce_eager" not in dense.llm.kwargs and _engine(enforce_eager=True).llm.kwargs["enforce_eager"] is True
+
+
+def test_routes_turn_on_the_v2_runner_or_are_left_out_with_a_warning(fake_vllm, monkeypatch):
+    """Newer vLLM returns routes only from its V2 model runner: the engine turns it on where vLLM
+    asks; a build without it (vLLM's CPU build) runs without routes and says so."""
+    monkeypatch.setattr(_LLM, "routes_need_v2", True)
+    engine = _engine(is_moe=True)
+    assert engine.returns_routes and engine.llm.kwargs["enable_return_routed_experts"] is True
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    [c] = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2), row_seeds=[0])
+    assert c.prompt_routed_experts.shape == (3, 2, 2)
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    monkeypatch.setattr(_LLM, "v2", False)
+    with pytest.warns(UserWarning, match="returns no routed experts .Model Runner V2 requires Triton"):
+        engine = _engine(is_moe=True)
+    assert not engine.returns_routes and "enable_return_routed_experts" not in engine.llm.kwargs
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ  # put back as it was
+    [c] = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2), row_seeds=[0])
+    assert c.prompt_routed_experts is None and c.routed_experts is None and len(c.token_ids) == 2
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the caller's choice is not overridden
+    with pytest.raises(ValueError, match="requires Model Runner V2"):
+        _engine(is_moe=True)
 
 
 def test_a_vllm_without_logprobs_mode_is_refused(fake_vllm, monkeypatch):
@@ -239,6 +299,8 @@ def test_generate_fans_out_rows_with_local_engine_row_seeds(fake_vllm):
         assert c.text == _Tokenizer().decode(c.token_ids)
         assert c.token_versions == [0] * len(c.token_ids) and c.policy_version == 0
         assert c.routed_experts is None and c.prompt_routed_experts is None
+    # the stand-in's prefix cache serves a repeated prompt but its last token
+    assert engine.prompt_tokens == 3 * 3 + 3 * 2 and engine.cached_prompt_tokens == 2 * 2 + 2 * 1
     seeds = [11, 12, 13, 14]
     engine.generate([[1], [2]], SamplingParams(max_new_tokens=2), n=2, row_seeds=seeds)
     assert [r["params"].seed for r in list(engine.llm.llm_engine.requests.values())[-4:]] == seeds
@@ -278,13 +340,14 @@ def test_moe_routes_are_split_into_prompt_and_completion(fake_vllm):
         adapter.split_routes(np.zeros((5, 2, 2)), 3, 4, np.dtype(np.uint8))
 
 
-def test_weights_go_to_the_workers_under_checkpoint_names(fake_vllm):
+def test_weights_go_to_the_workers_under_checkpoint_names(fake_vllm, monkeypatch):
     engine = _engine()
     state = {"model.norm.weight": torch.tensor([5.0, 0.0]),
              "model.layers.0.mlp.experts.gate_up_proj": torch.zeros(2, 6, 4),
              "model.layers.0.mlp.experts.down_proj": torch.zeros(2, 4, 3)}
     engine.load_weights(state, 3)
     assert engine.policy_version == 3 and engine.llm.model.offset == 5
+    assert engine.llm.model.reloads == 1  # through the worker's in-place reload, where vLLM has one
     assert sorted(engine.llm.model.loads[-1]) == sorted([
         "model.norm.weight",
         "model.layers.0.mlp.experts.0.gate_proj.weight", "model.layers.0.mlp.experts.0.up_proj.weight",
@@ -293,6 +356,10 @@ def test_weights_go_to_the_workers_under_checkpoint_names(fake_vllm):
     assert engine.llm.resets == 1  # the prefix cache of the replaced weights is dropped at once
     [c] = engine.generate([[1]], SamplingParams(max_new_tokens=1), row_seeds=[0])
     assert c.token_ids == [5] and c.policy_version == 3
+    monkeypatch.setattr(_LLM, "reload", False)  # older vLLM: the model's own load_weights
+    old = _engine()
+    old.load_weights(state, 1)
+    assert old.llm.model.offset == 5 and old.llm.model.reloads == 0 and len(old.llm.model.loads[-1]) == 7
 
 
 def test_weights_published_mid_call_land_between_two_steps(fake_vllm):
@@ -334,6 +401,17 @@ def test_failures_are_reported_not_hidden(fake_vllm):
         token_ids=[], logprobs=[], finish_reason="abort")])
     with pytest.raises(adapter.EngineError, match="abort"):
         engine._take(row, aborted, 0)
+
+
+def test_close_shuts_vllm_down_once_and_a_closed_engine_refuses_work(fake_vllm):
+    engine = _engine()
+    shutdowns = []
+    engine.llm.llm_engine.engine_core = types.SimpleNamespace(shutdown=lambda: shutdowns.append(1))
+    engine.close()
+    engine.close()
+    assert shutdowns == [1] and engine.llm is None
+    with pytest.raises(adapter.EngineError, match="closed"):
+        engine.generate([[1]], SamplingParams(max_new_tokens=2))
 
 
 def test_checkpoint_names_match_the_saved_checkpoint(tmp_path, tiny_tokenizer):
@@ -387,56 +465,81 @@ def test_http_engine_speaks_token_ids_and_refuses_what_it_cannot_do(monkeypatch)
 
 
 # ----------------------------------------------------------------------------------------------
-# The real thing (scripts/gpu_check.sh)
+# The real thing: on a GPU with the gpu extra (scripts/gpu_check.sh), or on CPU with a CPU build of
+# vLLM (scripts/vllm_cpu_check.sh). Marked ``gpu`` and ``vllm``: `pytest -m vllm` runs them on either.
 
 
-def _real_vllm():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
+def _real_vllm() -> str:
+    """The device the installed vLLM runs on: ``cuda`` where a GPU is, ``cpu`` for vLLM's CPU build."""
     try:
         import vllm  # noqa: F401
+        from vllm.platforms import current_platform
     except ImportError:
-        pytest.skip("needs vLLM (the gpu extra, docs/gpu.md)")
+        pytest.skip("needs vLLM (the gpu extra, or a CPU build: docs/gpu.md)")
+    if torch.cuda.is_available() and current_platform.is_cuda():
+        return "cuda"
+    if current_platform.is_cpu():
+        return "cpu"
+    pytest.skip(f"the installed vLLM runs on {type(current_platform).__name__}, and no CUDA device is visible")
+
+
+def _vllm_config(device: str, **knobs) -> InferenceConfig:
+    """bfloat16 on a GPU; float32 and eager on CPU (starts in seconds, and scores to float32 rounding)."""
+    if device == "cpu":
+        return InferenceConfig(backend="vllm", dtype="float32", enforce_eager=True, **knobs)
+    return InferenceConfig(backend="vllm", dtype="bfloat16", **knobs)
+
+
+# how far vLLM's logprobs of a token may sit from the trainer's: bf16 kernels on a GPU, float32 on CPU
+LOGPROB_TOLERANCE = {"cuda": 0.05, "cpu": 1e-3}
 
 
 @pytest.fixture(scope="module")
 def smol_vllm():
-    """SmolLM2-135M in vLLM (bfloat16) and the same model in transformers on the GPU."""
-    _real_vllm()
+    """SmolLM2-135M in vLLM and the same model in transformers, on the device vLLM runs on."""
+    device = _real_vllm()
     from opencomposer.config import ModelConfig
     from opencomposer.model.loading import load_model
 
-    model, tokenizer = load_model(ModelConfig(kind="smollm2", dtype="bfloat16"), device="cuda")
-    engine = adapter.VLLMEngine.from_model(model, tokenizer, InferenceConfig(
-        backend="vllm", gpu_memory_utilization=0.3, max_model_len=2048, dtype="bfloat16"))
-    return model, tokenizer, engine
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    model, tokenizer = load_model(ModelConfig(kind="smollm2", dtype=dtype), device=device)
+    engine = adapter.VLLMEngine.from_model(model, tokenizer, _vllm_config(
+        device, gpu_memory_utilization=0.3, max_model_len=2048))
+    yield model, tokenizer, engine, device
+    engine.close()
+
+
+def _scored(model, prompt, completion, params, device):
+    """The trainer's logprob of each sampled token (``training.forward``'s rule: temperature,
+    top-p cut, renormalised), from one forward of prompt + completion."""
+    from opencomposer.inference.sampling import kept_tokens, truncated_logprobs
+
+    ids = torch.tensor([prompt + completion], device=device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / params.temperature
+    logp = truncated_logprobs(logits, kept_tokens(logits, params.top_p))
+    return logp.gather(1, torch.tensor(completion, device=device)[:, None])[:, 0].cpu()
 
 
 @pytest.mark.gpu
+@pytest.mark.vllm
 def test_real_vllm_logprobs_are_those_of_the_cut_distribution(smol_vllm):
-    """vLLM's processed logprobs agree with the trainer's scoring of the same tokens
-    (``training.forward``'s rule: temperature, top-p cut, renormalised) to bf16 rounding."""
-    from opencomposer.inference.sampling import kept_tokens, truncated_logprobs
-
-    model, tokenizer, engine = smol_vllm
+    """vLLM's processed logprobs agree with the trainer's scoring of the same tokens."""
+    model, tokenizer, engine, device = smol_vllm
     prompt = tokenizer.encode("def fibonacci(n):")
     params = SamplingParams(max_new_tokens=32, temperature=0.7, top_p=0.9, seed=3, ignore_eos=True)
     [c] = engine.generate([prompt], params)
     assert len(c.token_ids) == 32 and len(c.logprobs) == 32
-    ids = torch.tensor([prompt + c.token_ids], device="cuda")
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / params.temperature
-    logp = truncated_logprobs(logits, kept_tokens(logits, params.top_p))
-    mine = logp.gather(1, torch.tensor(c.token_ids, device="cuda")[:, None])[:, 0].cpu()
-    ours = torch.tensor(c.logprobs)
+    mine, ours = _scored(model, prompt, c.token_ids, params, device), torch.tensor(c.logprobs)
     finite = torch.isfinite(mine)  # a token at the top-p boundary may fall outside the trainer's cut
     assert finite.float().mean() > 0.9
-    assert (mine[finite] - ours[finite]).abs().median() < 0.05
+    assert (mine[finite] - ours[finite]).abs().median() < LOGPROB_TOLERANCE[device]
 
 
 @pytest.mark.gpu
+@pytest.mark.vllm
 def test_real_vllm_takes_weights_in_flight_and_seeds_rows(smol_vllm):
-    model, tokenizer, engine = smol_vllm
+    model, tokenizer, engine, device = smol_vllm
     prompt = tokenizer.encode("import numpy as np\n")
     params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=5, ignore_eos=True)
     a = engine.generate([prompt], params, n=2)
@@ -454,17 +557,115 @@ def test_real_vllm_takes_weights_in_flight_and_seeds_rows(smol_vllm):
 
 
 @pytest.mark.gpu
-def test_real_vllm_moe_returns_routes_where_supported(tiny_tokenizer):
-    _real_vllm()
+@pytest.mark.vllm
+def test_real_vllm_switches_weights_between_two_steps_of_a_running_call(smol_vllm):
+    """Weights published while ``generate`` runs land between two engine steps: the tokens before
+    the switch carry the old version and score as the old weights' logprobs, the tokens after it
+    the new ones. The change is to the final norm, which leaves every key and value as they were,
+    so one fresh forward under each set of weights scores exactly what vLLM sampled from."""
+    model, tokenizer, engine, device = smol_vllm
+    prompt = tokenizer.encode("class Stack:\n")
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=11, ignore_eos=True)
+    old_version = engine.policy_version
+    new = {k: v.clone() for k, v in model.state_dict().items()}
+    new["model.norm.weight"] = new["model.norm.weight"] * 0.5
+    vllm_engine, real_step, steps = engine.llm.llm_engine, engine.llm.llm_engine.step, []
+
+    def step():  # as the trainer's publish would, from another thread, after the 8th step
+        out = real_step()
+        steps.append(len(steps))
+        if len(steps) == 8:
+            engine.load_weights(new, old_version + 1)
+            assert engine.policy_version == old_version, "staged, not applied, while the call runs"
+        return out
+
+    vllm_engine.step = step
+    try:
+        out = engine.generate([prompt], params, n=2)
+    finally:
+        del vllm_engine.step
+    try:
+        for c in out:
+            switch = c.token_versions.index(old_version + 1)
+            assert c.token_versions == [old_version] * switch + [old_version + 1] * (24 - switch)
+            assert 1 <= switch <= 8, "the update waited for the next step, not the end of the call"
+            before = _scored(model, prompt, c.token_ids, params, device)
+            scaled = {k: v.clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(new)
+            after = _scored(model, prompt, c.token_ids, params, device)
+            model.load_state_dict(scaled)
+            ours, tolerance = torch.tensor(c.logprobs), LOGPROB_TOLERANCE[device]
+            assert (ours[:switch] - before[:switch]).abs().max() < 10 * tolerance
+            assert (ours[switch:] - after[switch:]).abs().max() < 10 * tolerance
+            assert (ours[switch:] - before[switch:]).abs().max() > 0.1  # the new weights, not the old
+    finally:
+        engine.load_weights(model.state_dict(), engine.policy_version + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+def test_real_vllm_serves_a_groups_shared_prompt_from_its_prefix_cache(smol_vllm):
+    """The n rows of a prompt go in as n requests in one step; vLLM finds the first row's blocks
+    for the others, so they prefill only what follows the last whole block."""
+    model, tokenizer, engine, device = smol_vllm
+    prompt = tokenizer.encode("You are a coding agent. Tools: read_file, write_file, run, finish.\n" * 30)[:600]
+    asked, cached = engine.prompt_tokens, engine.cached_prompt_tokens
+    engine.generate([prompt], SamplingParams(max_new_tokens=4, seed=1, ignore_eos=True), n=4)
+    assert engine.prompt_tokens - asked == 4 * 600
+    assert engine.cached_prompt_tokens - cached >= 3 * 600 // 2  # three rows, at least half of it each
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+def test_real_vllm_moe_loads_fused_experts_and_returns_routes_where_supported(smol_vllm, tiny_tokenizer):
+    """A Qwen3-MoE in vLLM: its logprobs agree with the trainer's; the routes come back where this
+    vLLM build returns them (its CPU build does not, and the engine says so); an update of the
+    router, an attention projection and the fused expert tensors (split per expert by
+    ``checkpoint_names``) reaches vLLM. It starts after ``close`` of the SmolLM2 engine in this
+    process: vLLM keeps one model-parallel state per process, and without the close this second
+    engine fails to start."""
+    import warnings
+
     from opencomposer.config import ModelConfig
     from opencomposer.model.loading import load_model
 
+    smol_vllm[2].close()
+    device = smol_vllm[3]
     model, tokenizer = load_model(ModelConfig(kind="tiny_moe"), tiny_tokenizer, seed=0)
-    engine = adapter.VLLMEngine.from_model(model, tokenizer, InferenceConfig(
-        backend="vllm", gpu_memory_utilization=0.2, max_model_len=1024, dtype="float32"))
-    [c] = engine.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1))
-    assert len(c.token_ids) == 8
-    if not engine.returns_routes:
-        pytest.skip("this vLLM has no enable_return_routed_experts: routes are None")
-    assert c.prompt_routed_experts.shape == (4, 4, 2)
-    assert c.routed_experts is None or c.routed_experts.shape == (8, 4, 2)
+    model.to(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = adapter.VLLMEngine.from_model(model, tokenizer, InferenceConfig(
+            backend="vllm", gpu_memory_utilization=0.2, max_model_len=1024, dtype="float32",
+            enforce_eager=device == "cpu"))
+    prompt, params = [5, 6, 7, 8], SamplingParams(max_new_tokens=8, ignore_eos=True, seed=1)
+
+    def gap() -> float:
+        [c] = engine.generate([prompt], params)
+        assert len(c.token_ids) == 8 and c.policy_version == engine.policy_version
+        return float((torch.tensor(c.logprobs) - _scored(model, prompt, c.token_ids, params, device)).abs().max())
+
+    try:
+        [c] = engine.generate([prompt], params)
+        if engine.returns_routes:
+            assert c.prompt_routed_experts.shape == (4, 4, 2)
+            assert c.routed_experts is None or c.routed_experts.shape == (8, 4, 2)
+        else:
+            assert any("returns no routed experts" in str(w.message) for w in caught)
+            assert c.prompt_routed_experts is None and c.routed_experts is None
+        assert gap() < 1e-3
+
+        with torch.no_grad():  # the router, an attention projection and every expert, each its own scale
+            for name, p in model.named_parameters():
+                if name.endswith(".experts.down_proj") or name.endswith(".experts.gate_up_proj"):
+                    p.mul_(torch.linspace(0.5, 3.0, p.shape[0], device=p.device).view(-1, 1, 1))
+                elif name.endswith("mlp.gate.weight") or name.endswith("o_proj.weight"):
+                    p.mul_(1.5)
+        engine.load_weights(model.state_dict(), 1)
+        updated_gap = gap()
+        if device == "cpu" and updated_gap >= 1e-3:
+            pytest.xfail(f"vLLM's CPU build prepacks a MoE's expert weights after loading and its in-place reload "
+                         f"leaves them unpacked: logprobs {updated_gap:.3f} off after an update (docs/gpu.md)")
+        assert updated_gap < 1e-3
+    finally:
+        engine.close()

@@ -138,3 +138,39 @@ def test_the_inference_process_is_an_embedded_backend_setting():
 
     with pytest.raises(ConfigError, match="services.inference_process: applies to the embedded backend"):
         load_recipe(None, ["services.inference_process=true", "services.backend=ray"])
+
+
+def test_a_dead_engine_is_closed_before_the_next_one_starts(monkeypatch):
+    """vLLM keeps one model-parallel state (and its GPU memory) per process: the service closes a
+    dead engine before it builds the next, and a close that fails does not stop the restart."""
+    from opencomposer.services.faults import EngineDied
+    from opencomposer.services import inference as service_module
+    from opencomposer.types import Completion
+
+    events: list[str] = []
+
+    class Engine:
+        policy_version, max_positions, tokenizer = 0, 64, None
+
+        def __init__(self, number: int):
+            self.number = number
+            events.append(f"build {number}")
+
+        def generate(self, prompts, params, n=1, row_seeds=None):
+            if self.number < 3:
+                raise EngineDied(f"engine {self.number} died")
+            return [Completion([1], [0.0], "length")]
+
+        def close(self):
+            events.append(f"close {self.number}")
+            if self.number == 2:
+                raise RuntimeError("the GPU is gone")
+
+    built = iter(range(1, 10))
+    monkeypatch.setattr(service_module, "make_engine", lambda *args, **kwargs: Engine(next(built)))
+    model = torch.nn.Linear(2, 2)
+    service = service_module.InferenceService(model, None, 0, lambda: (model.state_dict(), 0))
+    with service.session() as session:
+        [c] = session.generate([[1, 2]], SamplingParams(max_new_tokens=1))
+    assert c.token_ids == [1] and service.restarts == 2
+    assert events == ["build 1", "close 1", "build 2", "close 2", "build 3"]

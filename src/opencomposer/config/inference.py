@@ -42,6 +42,9 @@ class InferenceConfig(Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """vLLM: dtype of the weights and activations; ``auto`` takes the checkpoint's
     (``model.dtype``). The trainer's weights are cast to it on every update."""
+    enforce_eager: bool = False
+    """vLLM: run the model eagerly, without torch.compile and CUDA graphs: starts in seconds rather
+    than minutes, decodes slower. For tests and short checks; leave it off for runs."""
     prefix_cache_tokens: int = 0
     """local: context positions the ``LocalEngine`` keeps across calls, so an agent's next call
     (its context plus the new tool output, or the self-summary request) prefills only the new

@@ -31,7 +31,10 @@ that it can act between two steps:
   ``row_seeds``), so a ``BatchingEngine`` in front gives each episode the seeds it would have
   alone. vLLM's own ``n > 1`` fans out into n requests the same way; the n rows of a prompt share
   its prefill through vLLM's prefix cache (``inference.enable_prefix_caching``, on by default),
-  which also serves a group's shared prompt and an agent's growing context. vLLM seeds its
+  which also serves a group's shared prompt and an agent's growing context: vLLM finds the
+  blocks of a row added in the same step as another row of the prompt, so rows after the first
+  prefill only what follows the last whole block they share. ``prompt_tokens`` and
+  ``cached_prompt_tokens`` count what was asked and what the cache served. vLLM seeds its
   sampler per request, but its logits depend on the batch (no batch invariance): the same seed
   gives the same tokens only up to that.
 - *Routed experts.* vLLM versions that have ``enable_return_routed_experts`` (vLLM PR 28284,
@@ -40,15 +43,20 @@ that it can act between two steps:
   ``len(prompt)`` rows are ``prompt_routed_experts``; the rest are the completion's. Where vLLM
   covers one position less (the last sampled token is never fed), ``routed_experts`` is None and
   the agent loop takes those positions from the next call's prompt routes
-  (``Segment.record_context_routes``). Older vLLM, and dense models: both None.
+  (``Segment.record_context_routes``). Older vLLM, and dense models: both None. Newer vLLM
+  returns routes only from its V2 model runner, which needs Triton: the engine turns it on
+  (``VLLM_USE_V2_MODEL_RUNNER=1``) where vLLM asks for it, and where vLLM refuses even so (its
+  CPU build) it runs without routes and warns (``returns_routes`` False).
 - *Weights in flight.* ``load_weights(state_dict, version)`` may come from any thread (a
   ``WeightStore`` ``Subscriber.load_into(engine)``, the trainer's publish). With nothing
   generating the weights go in at once; while ``generate`` runs they are staged and copied in
   between two engine steps, so every token records the version whose weights sampled it
-  (``Completion.token_versions``). The copy is ``model.load_weights`` on every worker through
-  ``LLM.collective_rpc``: vLLM's own loader, in place (parameter storage and CUDA graphs stay
-  valid), from the checkpoint names ``checkpoint_names`` rebuilds (transformers 5 fuses a MoE's
-  experts into one tensor; vLLM loads them per expert). What vLLM allows, and what this relies
+  (``Completion.token_versions``). The copy runs on every worker through ``LLM.collective_rpc``:
+  vLLM's in-place reload (``reload_weights(weights_iterator=...)``, which undoes and redoes what
+  vLLM did to the weights after loading, such as the CPU backend's kernel repacking) where the
+  worker has it, else the model's ``load_weights``; either way vLLM's own loader, in place
+  (parameter storage and CUDA graphs stay valid), from the checkpoint names ``checkpoint_names``
+  rebuilds (transformers 5 fuses a MoE's experts into one tensor; vLLM loads them per expert). What vLLM allows, and what this relies
   on: weights may be replaced between steps while requests are running (the KV cache they
   wrote under the old weights is kept, as in ``LocalEngine`` and PipelineRL); the prefix cache
   cannot be reset while requests hold its blocks, so it is reset at the end of the call (and at
@@ -69,12 +77,14 @@ routes: the factory refuses it for RL and evaluation, and ``load_weights`` raise
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import tempfile
 import threading
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -127,6 +137,16 @@ def _row_seeds(prompts: Sequence[Sequence[int]], params: SamplingParams, n: int,
     return [_row_seed(seed, i, j) for i in range(len(prompts)) for j in range(n)]
 
 
+def _reason(error: BaseException) -> str:
+    """The line of an error's message that says why: vLLM's config errors are pydantic's, several
+    lines with the reason after "Value error, "."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Value error, "):
+            return line.removeprefix("Value error, ")
+    return lines[0] if lines else type(error).__name__
+
+
 def _check_prompts(prompts: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
     out = [list(map(int, p)) for p in prompts]
     for i, prompt in enumerate(out):
@@ -173,8 +193,18 @@ def checkpoint_names(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> int:
     """Runs on every vLLM worker (``LLM.collective_rpc``): vLLM's loader copies each named tensor
-    into its (possibly sharded, stacked) parameter in place. Returns the tensors handed over."""
-    worker.model_runner.model.load_weights(weights=iter(weights))
+    into its (possibly sharded, stacked) parameter in place. Returns the tensors handed over.
+
+    Where the worker has ``reload_weights(weights_iterator=...)`` (vLLM's in-place reload), that is
+    used: it puts back the layout the model had before vLLM processed its weights after loading
+    (kernel repacking, as vLLM's CPU backend does to every linear layer), loads the checkpoint-format
+    tensors and processes them again. Older vLLM has no such method; there the model's own
+    ``load_weights`` copies into the parameters as they are."""
+    runner_reload = getattr(worker.model_runner, "reload_weights", None)  # the worker's takes *args, **kwargs
+    if runner_reload is not None and "weights_iterator" in inspect.signature(runner_reload).parameters:
+        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    else:
+        worker.model_runner.model.load_weights(weights=iter(weights))
     return len(weights)
 
 
@@ -183,7 +213,7 @@ def _load_weights_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> int:
 
 
 class _Row:
-    __slots__ = ("prompt_index", "sample_index", "tokens", "logprobs", "versions", "finish", "routes")
+    __slots__ = ("prompt_index", "sample_index", "tokens", "logprobs", "versions", "finish", "routes", "started")
 
     def __init__(self, prompt_index: int, sample_index: int):
         self.prompt_index, self.sample_index = prompt_index, sample_index
@@ -192,6 +222,7 @@ class _Row:
         self.versions: list[int] = []
         self.finish: str | None = None
         self.routes: Any = None
+        self.started = False  # its first output (which says how much of its prompt came from the prefix cache) is in
 
 
 def sampled_logprobs(logprobs: Any, tokens: Sequence[int]) -> list[float]:
@@ -250,6 +281,8 @@ class VLLMEngine:
         self.llm = llm if llm is not None else self._build_llm()
         self._seed_rng = np.random.default_rng()
         self._ids = 0
+        self.prompt_tokens = 0  # prompt tokens of every request so far ...
+        self.cached_prompt_tokens = 0  # ... and those vLLM's prefix cache served (RequestOutput.num_cached_tokens)
         self._generate_lock = threading.Lock()  # vLLM's engine is driven by one thread at a time
         self._weights_lock = threading.Lock()  # guards _staged, _generating and every copy into the workers
         self._staged: tuple[dict[str, Any], int] | None = None
@@ -289,15 +322,64 @@ class VLLMEngine:
         )
         if self.config.max_model_len:
             kwargs["max_model_len"] = self.config.max_model_len
+        if self.config.enforce_eager:
+            kwargs["enforce_eager"] = True
         if "async_scheduling" in known:
             kwargs["async_scheduling"] = False
-        if self.is_moe and "enable_return_routed_experts" in known:
-            kwargs["enable_return_routed_experts"] = True
-            self.returns_routes = True
         if "logprobs_mode" not in known:
             raise EngineError("this vLLM has no logprobs_mode, so its logprobs would be the raw softmax, not those of "
                               "the distribution sampled from; install vllm>=0.11 (the gpu extra pins it)")
+        if self.is_moe and "enable_return_routed_experts" in known:
+            llm = self._build_llm_with_routes(kwargs)
+            if llm is not None:
+                return llm
         return self.vllm.LLM(**kwargs)
+
+    def _build_llm_with_routes(self, kwargs: dict[str, Any]) -> Any:
+        """``vllm.LLM`` returning the routed experts, or None where this vLLM build cannot.
+
+        Newer vLLM returns routes only from its V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``),
+        which needs Triton: where the first try says so and the caller left that variable unset,
+        it is set and tried again. Where vLLM still refuses (its CPU build has no Triton), the
+        variable goes back as it was and the engine runs without routes, saying so once: router
+        replay then has no sampler routes for these completions (``returns_routes`` False)."""
+        kwargs = dict(kwargs, enable_return_routed_experts=True)
+        variable = "VLLM_USE_V2_MODEL_RUNNER"
+        try:
+            llm = self.vllm.LLM(**kwargs)
+        except ValueError as e:  # vLLM's config validation (pydantic's ValidationError is one)
+            if "Model Runner V2" not in str(e) or variable in os.environ:
+                raise
+            os.environ[variable] = "1"
+            try:
+                llm = self.vllm.LLM(**kwargs)
+            except ValueError as again:
+                del os.environ[variable]
+                warnings.warn(f"this vLLM build returns no routed experts ({_reason(again)}); the engine runs "
+                              "without them and router replay gets no sampler routes", stacklevel=3)
+                return None
+        self.returns_routes = True
+        return llm
+
+    def close(self) -> None:
+        """Shut vLLM down and free what it holds in this process (its engine core, the process
+        groups it set up, the GPU memory of its weights and KV cache), so that another engine can
+        start here: vLLM keeps one model-parallel state per process, and a second ``LLM`` beside
+        a live one finds it already set. The inference service calls it on a dead engine before
+        it builds the next one. Later calls do nothing; ``generate`` on a closed engine raises."""
+        with self._generate_lock:
+            llm, self.llm = self.llm, None
+            if llm is None:
+                return
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm, core
+            try:
+                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+            except ImportError:  # an older vLLM (or a stand-in): nothing more to release
+                return
+            cleanup_dist_env_and_memory()
 
     # ------------------------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
@@ -356,12 +438,16 @@ class VLLMEngine:
         if params.speculative != "off":
             raise ValueError(f'sampling.speculative = "{params.speculative}" drafts with the project\'s MTP layers in '
                              'LocalEngine; vLLM has its own speculative decoding (its speculative_config), not wired here')
+        if self.llm is None:
+            raise EngineError("this VLLMEngine was closed")
         prompts = _check_prompts(prompts, self.max_positions)
         seeds = _row_seeds(prompts, params, n, row_seeds, self._seed_rng)
         rows = [_Row(i, j) for i in range(len(prompts)) for j in range(n)]
         if params.max_new_tokens == 0:
             return [self._completion(row, prompts, self.policy_version) for row in rows]
         with self._generate_lock:
+            if self.llm is None:  # closed while this call waited
+                raise EngineError("this VLLMEngine was closed")
             with self._weights_lock:
                 self._generating = True
             try:
@@ -375,6 +461,7 @@ class VLLMEngine:
                     by_id[request_id] = row
                     engine.add_request(request_id, {"prompt_token_ids": prompts[row.prompt_index]},
                                        self.sampling_params(params, seed))
+                    self.prompt_tokens += len(prompts[row.prompt_index])
                 try:
                     while engine.has_unfinished_requests():
                         self._apply_staged()
@@ -400,6 +487,9 @@ class VLLMEngine:
 
     def _take(self, row: _Row, output: Any, version: int) -> None:
         """Add one step's delta (``RequestOutputKind.DELTA``) of a request to its row."""
+        if not row.started:
+            row.started = True
+            self.cached_prompt_tokens += int(getattr(output, "num_cached_tokens", None) or 0)
         completion = output.outputs[0]
         tokens = [int(t) for t in completion.token_ids]
         row.logprobs += sampled_logprobs(completion.logprobs, tokens)

@@ -98,6 +98,7 @@ class InferenceService:
         """A new engine from the newest published weights, unless another caller already made one."""
         with self._lock:
             if self.batcher is dead:
+                _release(dead.engine)
                 state_dict, version = self.weights()
                 model = restore_attention(copy.deepcopy(self.template)).eval()
                 model.load_state_dict(state_dict)
@@ -105,6 +106,18 @@ class InferenceService:
                 self.restarts += 1
                 log.warning("inference engine died; restarted at policy version %d", version)
             return self.batcher
+
+
+def _release(engine: Any) -> None:
+    """Free what a dead engine holds before the next one starts (``VLLMEngine.close``: vLLM's
+    process state and GPU memory); engines without ``close`` hold nothing that outlives them."""
+    close = getattr(engine, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception as e:  # noqa: BLE001 - it died already; the restart goes on
+        log.warning("the dead inference engine did not close cleanly: %s", e)
 
 
 class ServiceSession:
