@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import os
 import sys
+import threading
 import types
 
 import numpy as np
@@ -86,6 +87,7 @@ class _Engine:
 
     def add_request(self, request_id, prompt, params):
         assert params.output_kind is _Kind.DELTA and params.n == 1
+        _LLM.threads.add(threading.get_ident())
         prompt = list(prompt["prompt_token_ids"])
         # the prefix cache, as vLLM reports it: a prompt seen before is served whole but for its last token
         cached = len(prompt) - 1 if any(r["prompt"] == prompt for r in self.requests.values()) else 0
@@ -100,6 +102,7 @@ class _Engine:
             self.requests[i]["done"] = "abort"
 
     def step(self):
+        _LLM.threads.add(threading.get_ident())
         if self.on_step is not None:
             self.on_step(self.steps)
         self.steps += 1
@@ -151,6 +154,7 @@ class _Worker:
 
 class _LLM:
     instances: list[_LLM] = []
+    threads: set[int] = set()  # the threads that called into "vLLM"
     reload = True  # workers have reload_weights (newer vLLM); False: only the model's load_weights
     # newer vLLM: routes only from the V2 model runner; v2 False: a build without it (vLLM's CPU build)
     routes_need_v2, v2 = False, True
@@ -164,15 +168,18 @@ class _LLM:
                 raise ValueError("1 validation error for VllmConfig\n  Value error, Model Runner V2 requires "
                                  "Triton. [type=value_error]")
         self.kwargs = kwargs
+        _LLM.threads.add(threading.get_ident())
         self.model = _Model()
         self.llm_engine = _Engine(self.model, routes=kwargs.get("enable_return_routed_experts", False))
         self.resets = 0
         _LLM.instances.append(self)
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        _LLM.threads.add(threading.get_ident())
         return [method(_Worker(_Runner(self.model, self.reload)), *args, **(kwargs or {}))]
 
     def reset_prefix_cache(self):
+        _LLM.threads.add(threading.get_ident())
         if self.llm_engine.has_unfinished_requests():
             return False
         self.resets += 1
@@ -196,6 +203,7 @@ def fake_vllm(monkeypatch):
         monkeypatch.setenv(variable, "")  # recorded, so the test's end puts back what was there
         monkeypatch.delenv(variable)
     _LLM.instances.clear()
+    _LLM.threads.clear()
     return module
 
 
@@ -401,6 +409,29 @@ def test_failures_are_reported_not_hidden(fake_vllm):
         token_ids=[], logprobs=[], finish_reason="abort")])
     with pytest.raises(adapter.EngineError, match="abort"):
         engine._take(row, aborted, 0)
+
+
+def test_every_call_into_vllm_runs_on_the_engines_one_thread(fake_vllm):
+    """Rollout workers call ``generate`` and a trainer thread ``load_weights`` from anywhere; vLLM
+    sees one thread (its CPU build fails a step from a thread other than the one that built it)."""
+    engine = _engine()
+    errors: list[BaseException] = []
+
+    def episode(seed: int) -> None:
+        try:
+            for _ in range(3):
+                engine.generate([[1, 2]], SamplingParams(max_new_tokens=3), row_seeds=[seed])
+                engine.load_weights({"model.norm.weight": torch.tensor([float(seed)])}, seed)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=episode, args=(seed,)) for seed in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors and len(engine.llm.llm_engine.requests) == 12
+    assert _LLM.threads == {engine._thread_id} and engine._thread_id != threading.get_ident()
 
 
 def test_close_shuts_vllm_down_once_and_a_closed_engine_refuses_work(fake_vllm):

@@ -67,6 +67,13 @@ that it can act between two steps:
   models, slow for 30B ones, where the workers should read the ``WeightStore`` themselves
   (docs/gpu.md, what remains).
 
+- *One thread.* Every call into vLLM (building the ``LLM``, adding requests, stepping, the
+  weight copies, the prefix-cache reset, shutting down) runs on one thread the engine owns,
+  whichever thread calls ``generate`` or ``load_weights``: vLLM's in-process engine is not made
+  for several threads, and its CPU build binds its OpenMP threads to the thread that built it
+  (a step from another thread fails its attention kernel's thread-count check). Rollout workers
+  and a trainer's publish may call from anywhere.
+
 **HttpEngine** samples from a server's ``/v1/completions`` with token ids as the prompt and
 vLLM's extensions (``return_tokens_as_token_ids``, ``stop_token_ids``, ``top_k``) so the tokens
 come back as ids, with the logprob of each sampled token. Those logprobs are of whatever
@@ -278,7 +285,10 @@ class VLLMEngine:
         self.max_positions = config.max_model_len or max_positions or 1 << 30
         self.model_path = Path(model_path)
         self.returns_routes = False
-        self.llm = llm if llm is not None else self._build_llm()
+        # every call into vLLM runs on this one thread (module doc, "One thread")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
+        self._thread_id = self._thread.submit(threading.get_ident).result()
+        self.llm = llm if llm is not None else self._on_engine_thread(self._build_llm)
         self._seed_rng = np.random.default_rng()
         self._ids = 0
         self.prompt_tokens = 0  # prompt tokens of every request so far ...
@@ -361,6 +371,12 @@ class VLLMEngine:
         self.returns_routes = True
         return llm
 
+    def _on_engine_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on the engine's thread (at once when already on it)."""
+        if threading.get_ident() == self._thread_id:
+            return fn(*args, **kwargs)
+        return self._thread.submit(fn, *args, **kwargs).result()
+
     def close(self) -> None:
         """Shut vLLM down and free what it holds in this process (its engine core, the process
         groups it set up, the GPU memory of its weights and KV cache), so that another engine can
@@ -371,15 +387,21 @@ class VLLMEngine:
             llm, self.llm = self.llm, None
             if llm is None:
                 return
-            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-            if core is not None and hasattr(core, "shutdown"):
-                core.shutdown()
-            del llm, core
-            try:
-                from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-            except ImportError:  # an older vLLM (or a stand-in): nothing more to release
-                return
-            cleanup_dist_env_and_memory()
+            self._on_engine_thread(self._shut_down, llm)
+            del llm
+            self._thread.shutdown(wait=True)
+
+    @staticmethod
+    def _shut_down(llm: Any) -> None:
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm, core
+        try:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        except ImportError:  # an older vLLM (or a stand-in): nothing more to release
+            return
+        cleanup_dist_env_and_memory()
 
     # ------------------------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
@@ -397,7 +419,7 @@ class VLLMEngine:
         weights = checkpoint_names(state_dict)
         if self.config.tensor_parallel_size > 1:  # they cross to worker processes pickled
             weights = {k: v.detach().cpu() for k, v in weights.items()}
-        self.llm.collective_rpc(_load_weights_on_worker, args=(list(weights.items()),))
+        self._on_engine_thread(self.llm.collective_rpc, _load_weights_on_worker, args=(list(weights.items()),))
         self.policy_version = version
         self._prefix_cache_stale = True
         if not self._generating:
@@ -406,7 +428,7 @@ class VLLMEngine:
     def _reset_prefix_cache(self) -> None:
         """Drop the KV blocks computed by replaced weights (possible only with no request running)."""
         if self._prefix_cache_stale and self.config.enable_prefix_caching:
-            if self.llm.reset_prefix_cache() is False:
+            if self._on_engine_thread(self.llm.reset_prefix_cache) is False:
                 return
         self._prefix_cache_stale = False
 
@@ -451,31 +473,7 @@ class VLLMEngine:
             with self._weights_lock:
                 self._generating = True
             try:
-                self._apply_staged()
-                first_version = self.policy_version
-                engine = self.llm.llm_engine
-                by_id: dict[str, _Row] = {}
-                for row, seed in zip(rows, seeds):
-                    self._ids += 1
-                    request_id = f"opencomposer-{self._ids}"
-                    by_id[request_id] = row
-                    engine.add_request(request_id, {"prompt_token_ids": prompts[row.prompt_index]},
-                                       self.sampling_params(params, seed))
-                    self.prompt_tokens += len(prompts[row.prompt_index])
-                try:
-                    while engine.has_unfinished_requests():
-                        self._apply_staged()
-                        version = self.policy_version  # the weights of the step about to run
-                        for output in engine.step():
-                            row = by_id.get(output.request_id)
-                            if row is None:
-                                continue
-                            self._take(row, output, version)
-                except BaseException:
-                    unfinished = [rid for rid, row in by_id.items() if row.finish is None]
-                    if unfinished:
-                        engine.abort_request(unfinished)
-                    raise
+                first_version = self._on_engine_thread(self._run, prompts, rows, seeds, params)
             finally:
                 with self._weights_lock:
                     self._generating = False
@@ -484,6 +482,37 @@ class VLLMEngine:
                         self._staged = None
                     self._reset_prefix_cache()
         return [self._completion(row, prompts, first_version) for row in rows]
+
+    def _run(self, prompts: list[list[int]], rows: list[_Row], seeds: list[int], params: SamplingParams) -> int:
+        """Add every row as a request and step vLLM until all are done (on the engine's thread,
+        while ``_generating``); weights staged meanwhile go in between two steps. Returns the
+        version the first step ran at."""
+        self._apply_staged()
+        first_version = self.policy_version
+        engine = self.llm.llm_engine
+        by_id: dict[str, _Row] = {}
+        for row, seed in zip(rows, seeds):
+            self._ids += 1
+            request_id = f"opencomposer-{self._ids}"
+            by_id[request_id] = row
+            engine.add_request(request_id, {"prompt_token_ids": prompts[row.prompt_index]},
+                               self.sampling_params(params, seed))
+            self.prompt_tokens += len(prompts[row.prompt_index])
+        try:
+            while engine.has_unfinished_requests():
+                self._apply_staged()
+                version = self.policy_version  # the weights of the step about to run
+                for output in engine.step():
+                    row = by_id.get(output.request_id)
+                    if row is None:
+                        continue
+                    self._take(row, output, version)
+        except BaseException:
+            unfinished = [rid for rid, row in by_id.items() if row.finish is None]
+            if unfinished:
+                engine.abort_request(unfinished)
+            raise
+        return first_version
 
     def _take(self, row: _Row, output: Any, version: int) -> None:
         """Add one step's delta (``RequestOutputKind.DELTA``) of a request to its row."""

@@ -1,0 +1,132 @@
+"""VLLMEngine against LocalEngine on grouped sampling, side by side in one run, on the device vLLM runs on.
+
+Both engines sample the same rows from SmolLM2-135M: P prompts (an agent harness's system prompt and
+tool list, then a short instruction of its own) x n samples x T new tokens, temperature 1, EOS
+ignored so both produce exactly P * n * T tokens. Reported: tokens/s of each and their ratio, the
+share of prompt tokens vLLM's prefix cache served, and the time of one in-place weight update of
+the whole model (``VLLMEngine.load_weights``). ``--trainer`` adds one RL ``train_step`` on B x G
+rows (``benchmarks/trainer.py``'s ``ours``), so that ``scripts/gpu_check.sh`` prints sampler and
+trainer in one table.
+
+Needs vLLM: on a GPU the ``gpu`` extra (``make gpu-setup``), on CPU a CPU build of vLLM
+(``scripts/vllm_cpu_check.sh`` builds that environment). Both engines run on the same device:
+
+    .venv-gpu/bin/python benchmarks/vllm_engine.py --device cuda --trainer
+    .venv-vllm-cpu/bin/python benchmarks/vllm_engine.py --device cpu        # smaller shape by default
+
+Writes ``benchmarks/results/vllm_engine_{device}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# (prompts, n, new tokens): a few RL groups on a GPU; what two CPU cores sample in a minute
+SHAPES = {"cuda": (32, 8, 256), "cpu": (8, 4, 64)}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def sample(engine, prompts, args) -> dict:
+    from opencomposer.types import SamplingParams
+
+    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=0, ignore_eos=True)
+    engine.generate(prompts[:2], SamplingParams(max_new_tokens=8, seed=0), n=2)  # warm-up
+    sync(args.device)
+    start = time.perf_counter()
+    out = engine.generate(prompts, params, n=args.n)
+    sync(args.device)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for c in out)
+    assert tokens == len(prompts) * args.n * args.new_tokens, tokens
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--prompts", type=int, default=0, help="0: the device's default shape")
+    parser.add_argument("--n", type=int, default=0)
+    parser.add_argument("--new-tokens", type=int, default=0)
+    parser.add_argument("--trainer", action="store_true", help="add one RL train_step (forward, loss, backward, Adam)")
+    parser.add_argument("--out", default="", help="JSON path; default benchmarks/results/vllm_engine_{device}.json")
+    args = parser.parse_args()
+    default = SHAPES[args.device]
+    args.prompts, args.n, args.new_tokens = (args.prompts or default[0], args.n or default[1],
+                                             args.new_tokens or default[2])
+
+    from opencomposer.config import InferenceConfig, ModelConfig
+    from opencomposer.inference.local import LocalEngine
+    from opencomposer.inference.vllm import VLLMEngine
+    from opencomposer.model.loading import load_model
+
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    model, tokenizer = load_model(ModelConfig(kind="smollm2", dtype=dtype), device=args.device)
+    rng = np.random.default_rng(0)
+    system = tokenizer.encode("You are a coding agent. Tools: read_file, write_file, run, finish.\n" * 8)
+    prompts = [system + rng.integers(100, 40000, 64).tolist() for _ in range(args.prompts)]
+    shape = f"{args.prompts} prompts x n={args.n} x {args.new_tokens} tokens, {dtype}"
+    rows: list[tuple[str, str, float, float]] = []
+    result: dict = {"device": args.device, "device_name": torch.cuda.get_device_name() if args.device == "cuda"
+                    else "cpu", "threads": torch.get_num_threads(), "shape": shape}
+
+    local = sample(LocalEngine(model, tokenizer, max_batch_size=args.prompts * args.n), prompts, args)
+    rows.append(("sampler: LocalEngine (batch-invariant)", shape, local["tokens_per_s"], local["seconds"]))
+    result["local"] = local
+
+    import vllm
+
+    config = InferenceConfig(backend="vllm", gpu_memory_utilization=0.35, max_model_len=2048, dtype=dtype,
+                             enforce_eager=args.device == "cpu")
+    start = time.perf_counter()
+    engine = VLLMEngine.from_model(model, tokenizer, config)
+    result["vllm_start_s"] = time.perf_counter() - start
+    asked, cached = engine.prompt_tokens, engine.cached_prompt_tokens
+    remote = sample(engine, prompts, args)
+    remote["cached_prompt_share"] = (engine.cached_prompt_tokens - cached) / (engine.prompt_tokens - asked)
+    rows.append((f"sampler: VLLMEngine (vLLM {vllm.__version__})", shape, remote["tokens_per_s"], remote["seconds"]))
+    result["vllm"] = remote
+    result["vllm_over_local"] = remote["tokens_per_s"] / local["tokens_per_s"]
+    start = time.perf_counter()
+    engine.load_weights(model.state_dict(), 1)
+    result["weight_update_s"] = time.perf_counter() - start
+    rows.append(("vLLM weight update", "whole model, in place", float("nan"), result["weight_update_s"]))
+    engine.close()
+
+    if args.trainer:  # one RL step (forward, loss, backward, Adam) on B x G rows, benchmarks/trainer.py's `ours`
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import trainer as bench_trainer
+
+        train_model, _ = load_model(ModelConfig(kind="smollm2", dtype="float32"), device=args.device)
+        shape_args = types.SimpleNamespace(prompts=4, group=8, prefix=512, instruction=64, completion=256,
+                                           micro_batch_tokens=16384, steps=3)
+        seconds = bench_trainer.ours(train_model, tokenizer, bench_trainer.synthetic_batch(shape_args), shape_args,
+                                     share_prefix=True)
+        tokens = shape_args.prompts * shape_args.group * (shape_args.prefix + shape_args.instruction
+                                                          + shape_args.completion)
+        rows.append(("trainer: train_step", f"4x8 rows x {tokens // 32} tokens, float32", tokens / seconds, seconds))
+        result["trainer"] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+    print(f"\n{'what':<40} {'shape':<46} {'tokens/s':>10} {'seconds':>8}")
+    for what, where, rate, seconds in rows:
+        print(f"{what:<40} {where[:46]:<46} {rate:>10,.0f} {seconds:>8.2f}")
+    print(f"VLLMEngine / LocalEngine: {result['vllm_over_local']:.2f}x; prefix cache served "
+          f"{remote['cached_prompt_share']:.0%} of the prompt tokens; vLLM started in {result['vllm_start_s']:.0f} s")
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / f"vllm_engine_{args.device}.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
