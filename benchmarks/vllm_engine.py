@@ -31,6 +31,9 @@ import torch
 
 # (prompts, n, new tokens): a few RL groups on a GPU; what two CPU cores sample in a minute
 SHAPES = {"cuda": (32, 8, 256), "cpu": (8, 4, 64)}
+# the --trainer step: B prompts x G samples of prefix + instruction + completion tokens, Adam steps timed
+TRAINER_SHAPES = {"cuda": dict(prompts=4, group=8, prefix=512, instruction=64, completion=256, steps=3),
+                  "cpu": dict(prompts=2, group=4, prefix=128, instruction=16, completion=64, steps=1)}
 
 
 def sync(device: str) -> None:
@@ -68,8 +71,14 @@ def main() -> None:
 
     from opencomposer.config import InferenceConfig, ModelConfig
     from opencomposer.inference.local import LocalEngine
-    from opencomposer.inference.vllm import VLLMEngine
+    from opencomposer.inference.vllm import VLLMEngine, VLLMUnavailable, import_vllm
     from opencomposer.model.loading import load_model
+
+    try:
+        vllm = import_vllm()
+    except VLLMUnavailable:  # `make bench` runs every benchmark in the CPU venv, which has no vLLM
+        print("vllm_engine: skipped, vLLM is not installed here (make gpu-setup, or scripts/vllm_cpu_check.sh)")
+        return
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     model, tokenizer = load_model(ModelConfig(kind="smollm2", dtype=dtype), device=args.device)
@@ -84,8 +93,6 @@ def main() -> None:
     local = sample(LocalEngine(model, tokenizer, max_batch_size=args.prompts * args.n), prompts, args)
     rows.append(("sampler: LocalEngine (batch-invariant)", shape, local["tokens_per_s"], local["seconds"]))
     result["local"] = local
-
-    import vllm
 
     config = InferenceConfig(backend="vllm", gpu_memory_utilization=0.35, max_model_len=2048, dtype=dtype,
                              enforce_eager=args.device == "cpu")
@@ -109,13 +116,14 @@ def main() -> None:
         import trainer as bench_trainer
 
         train_model, _ = load_model(ModelConfig(kind="smollm2", dtype="float32"), device=args.device)
-        shape_args = types.SimpleNamespace(prompts=4, group=8, prefix=512, instruction=64, completion=256,
-                                           micro_batch_tokens=16384, steps=3)
+        shape_args = types.SimpleNamespace(**TRAINER_SHAPES[args.device], micro_batch_tokens=16384)
         seconds = bench_trainer.ours(train_model, tokenizer, bench_trainer.synthetic_batch(shape_args), shape_args,
                                      share_prefix=True)
         tokens = shape_args.prompts * shape_args.group * (shape_args.prefix + shape_args.instruction
                                                           + shape_args.completion)
-        rows.append(("trainer: train_step", f"4x8 rows x {tokens // 32} tokens, float32", tokens / seconds, seconds))
+        n_rows = shape_args.prompts * shape_args.group
+        rows.append(("trainer: train_step", f"{shape_args.prompts}x{shape_args.group} rows x {tokens // n_rows} tokens, "
+                     "float32", tokens / seconds, seconds))
         result["trainer"] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
     print(f"\n{'what':<40} {'shape':<46} {'tokens/s':>10} {'seconds':>8}")

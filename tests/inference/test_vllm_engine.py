@@ -1,4 +1,4 @@
-"""``inference.vllm``: the adapter's translation logic, and (GPU only) the real thing.
+"""``inference.vllm``: the adapter's translation logic, and the real thing (vLLM installed).
 
 The CPU tests inject a tiny stand-in ``vllm`` module into ``sys.modules``. It mirrors only the API
 surface the adapter uses (``LLM``'s ``llm_engine.add_request`` / ``step`` / ``abort_request``,
@@ -6,9 +6,11 @@ surface the adapter uses (``LLM``'s ``llm_engine.add_request`` / ``step`` / ``ab
 ``RequestOutputKind``) with a made-up "model" whose tokens are a function of the seed, the step
 and the loaded weights. **These tests check the adapter, not vLLM**: how our ``SamplingParams``
 become vLLM's, how deltas become ``Completion``s (logprobs, finish reasons, per-token versions,
-routes), when weights are handed to the workers and under which names, and the errors. Whether
-vLLM's processed logprobs match the trainer's and whether in-flight updates behave on a real GPU is
-for the ``gpu``-marked tests at the bottom (``scripts/gpu_check.sh``), skipped without CUDA and vLLM.
+routes), when weights are handed to the workers and under which names, on which thread, and the
+errors. Whether vLLM's processed logprobs match the trainer's and whether in-flight updates behave
+in real vLLM is for the tests at the bottom, marked ``gpu`` and ``vllm``: on a GPU with the gpu
+extra (``scripts/gpu_check.sh``) or on vLLM's CPU build (``scripts/vllm_cpu_check.sh``); skipped
+where vLLM is not installed.
 """
 
 from __future__ import annotations

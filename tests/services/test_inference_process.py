@@ -143,8 +143,8 @@ def test_the_inference_process_is_an_embedded_backend_setting():
 def test_a_dead_engine_is_closed_before_the_next_one_starts(monkeypatch):
     """vLLM keeps one model-parallel state (and its GPU memory) per process: the service closes a
     dead engine before it builds the next, and a close that fails does not stop the restart."""
-    from opencomposer.services.faults import EngineDied
     from opencomposer.services import inference as service_module
+    from opencomposer.services.faults import EngineDied
     from opencomposer.types import Completion
 
     events: list[str] = []
