@@ -25,6 +25,8 @@ import torch
 from torch.nn import functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from opencomposer.model.loading import cache_argument
+
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral")
 
 
@@ -173,20 +175,21 @@ class HFDecoder:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        self.cache_argument = cache_argument(model)  # "cache", or "past_key_values" in older transformers
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [_GrowingLayer() for _ in self.cache.layers]
         self.mask: torch.Tensor | None = None  # [rows, length] long
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.mask = mask
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         **{self.cache_argument: self.cache}, use_cache=True, logits_to_keep=1)
         return out.logits
 
     def step(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
-        out = self.model(input_ids=token_ids, attention_mask=self.mask, position_ids=positions, cache=self.cache,
-                         use_cache=True)
+        out = self.model(input_ids=token_ids, attention_mask=self.mask, position_ids=positions,
+                         **{self.cache_argument: self.cache}, use_cache=True)
         return out.logits
 
     def repeat(self, n: int) -> None:

@@ -252,6 +252,19 @@ def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | Path) ->
     return path
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name under which ``model``'s forward takes a KV cache: ``cache`` in newer transformers,
+    ``past_key_values`` before the rename (5.19, the release vLLM's CPU build pins, has the old
+    one). Read from the forward's signature; a wrapper that hides it gets the newer name."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "cache"
+    return "past_key_values" if "past_key_values" in parameters and "cache" not in parameters else "cache"
+
+
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     """Total, expert and active-per-token parameter counts (active counts top-k experts only)."""
     total = sum(p.numel() for p in model.parameters())
