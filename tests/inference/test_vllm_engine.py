@@ -648,6 +648,74 @@ def test_real_vllm_serves_a_groups_shared_prompt_from_its_prefix_cache(smol_vllm
     assert engine.cached_prompt_tokens - cached >= 3 * 600 // 2  # three rows, at least half of it each
 
 
+@pytest.fixture(scope="module")
+def vllm_server(smol_vllm, tmp_path_factory):
+    """vLLM's OpenAI-compatible server on SmolLM2 (a child process), as ``backend = "http"`` meets
+    it: started with ``--logprobs-mode processed_logprobs``, the project's convention."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from opencomposer.model.loading import save_checkpoint
+
+    model, tokenizer, _, device = smol_vllm
+    folder = save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("smollm2"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # on CPU, vLLM's "gpu" memory utilization is the share of the machine's memory it reserves
+    knobs = ["--gpu-memory-utilization", "0.2", *(["--dtype", "float32", "--enforce-eager"] if device == "cpu"
+                                                  else ["--dtype", "bfloat16"])]
+    log = open(tmp_path_factory.mktemp("server") / "vllm.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+                               "--served-model-name", "smol", "--logprobs-mode", "processed_logprobs",
+                               "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), *knobs],
+                              stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, f"vLLM's server exited; its log: {log.name}"
+            assert time.monotonic() < deadline, f"vLLM's server did not answer within 300 s; its log: {log.name}"
+            try:
+                urllib.request.urlopen(f"{base}/models", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(1)
+        yield base, model, tokenizer, device
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+def test_real_vllm_server_speaks_token_ids_with_the_cut_distributions_logprobs(vllm_server):
+    """``HttpEngine`` against ``vllm serve``: ids in and out, the logprobs of the distribution
+    sampled from (the server runs ``--logprobs-mode processed_logprobs``), seeds per row, stop strings."""
+    base, model, tokenizer, device = vllm_server
+    engine = adapter.HttpEngine(base, "", tokenizer)
+    assert engine.model == "smol"  # asked of /models
+    prompt = tokenizer.encode("def fibonacci(n):")
+    params = SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=3, ignore_eos=True)
+    out = engine.generate([prompt], params, n=2)
+    for c in out:
+        assert len(c.token_ids) == 24 and c.finish_reason == "length"
+        mine, ours = _scored(model, prompt, c.token_ids, params, device), torch.tensor(c.logprobs)
+        finite = torch.isfinite(mine)
+        assert finite.float().mean() > 0.9
+        assert (mine[finite] - ours[finite]).abs().median() < LOGPROB_TOLERANCE[device]
+    again = engine.generate([prompt], params, n=2)
+    assert [c.token_ids for c in again] == [c.token_ids for c in out] and out[0].token_ids != out[1].token_ids
+    [stopped] = engine.generate([prompt], SamplingParams(max_new_tokens=64, temperature=0.0, stop=["\n"]))
+    assert stopped.finish_reason == "stop" and "\n" in stopped.text
+
+
 @pytest.mark.gpu
 @pytest.mark.vllm
 def test_real_vllm_moe_loads_fused_experts_and_returns_routes_where_supported(smol_vllm, tiny_tokenizer):
