@@ -215,12 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     module_name, func_name = args.handler.split(":")
     handler = getattr(importlib.import_module(module_name), func_name)
     from opencomposer.config import ConfigError
+    from opencomposer.types import InfrastructureDown
 
     try:
         return int(handler(args) or 0)
     except ConfigError as e:
         print(f"opencomposer: invalid recipe: {e}", file=sys.stderr)
         return 2
+    except InfrastructureDown as e:
+        print(f"opencomposer: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("opencomposer: interrupted", file=sys.stderr)
         return 130

@@ -41,6 +41,11 @@ class TokenKind(enum.IntEnum):
 MODEL_KINDS = frozenset({TokenKind.THINKING, TokenKind.TOOL_CALL, TokenKind.FINAL_MESSAGE, TokenKind.SUMMARY})
 
 
+class InfrastructureDown(RuntimeError):
+    """Every episode of an RL step failed on infrastructure (the engine, the sandbox, the grader):
+    the run stops rather than record step after step of dropped prompts (``rl.loop``)."""
+
+
 class EpisodeStatus(str, enum.Enum):  # noqa: UP042 (str mix-in: members serialise to JSON as their values)
     """How a rollout ended. OK, TIMEOUT and FORMAT_ERROR episodes are scored; INFRA_ERROR episodes
     are excluded from group means and from the loss, never counted as a zero reward."""

@@ -88,6 +88,47 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     assert all(p.stat().st_size > 5000 for p in paths)
 
 
+@pytest.mark.integration
+@pytest.mark.bwrap
+def test_a_step_whose_every_episode_fails_on_infrastructure_stops_the_run_and_resumes(tmp_path, monkeypatch):
+    """An engine that fails every call turns every episode into an infrastructure error. Rather
+    than train (and record as dropped) step after step of nothing, the run stops at the first such
+    step with the error, before recording it; the same command then resumes from the checkpoint
+    before it and samples those prompts again."""
+    from opencomposer.inference.local import LocalEngine
+    from opencomposer.rl.loop import InfrastructureDown, RLRun, run_rl
+
+    dead = {"engine": False}
+    generate, checkpoint = LocalEngine.generate, RLRun.checkpoint
+
+    def failing_generate(self, *args, **kwargs):
+        if dead["engine"]:
+            raise RuntimeError("the GPU fell off the bus")
+        return generate(self, *args, **kwargs)
+
+    def checkpoint_then_die(self):
+        checkpoint(self)
+        dead["engine"] = True  # after step 1's checkpoint, every call fails
+
+    monkeypatch.setattr(LocalEngine, "generate", failing_generate)
+    monkeypatch.setattr(RLRun, "checkpoint", checkpoint_then_die)
+    overrides = [*SMALL_RUN, f"run.out_dir={tmp_path}", "run.name=down", "rl.eval_every=0", "rl.steps=3"]
+    with pytest.raises(InfrastructureDown, match=r"every episode of step 2 \(4\).*GPU fell off the bus"):
+        run_rl(load_recipe(None, overrides), progress=False)
+    run_dir = tmp_path / "down"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("train", 1)]  # step 2 left no trace
+    assert not (run_dir / "rollouts" / "step-000002.jsonl").exists()
+
+    monkeypatch.setattr(RLRun, "checkpoint", checkpoint)
+    dead["engine"] = False  # fixed; the same command resumes at step 1
+    summary = run_rl(load_recipe(None, overrides), progress=False)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert summary.steps == 3 and [r["step"] for r in rows] == [1, 2, 3]
+    step2 = [json.loads(line) for line in (run_dir / "rollouts" / "step-000002.jsonl").read_text().splitlines()]
+    assert len(step2) == 4 and all(e["status"] != "infra_error" for e in step2)
+
+
 def test_report_panels_hold_the_logged_series(tmp_path):
     from opencomposer.rl.report import panel_lines
 

@@ -46,7 +46,7 @@ from opencomposer.rl.checkpoint import (
 )
 from opencomposer.training.metrics import MetricsLog, read_metrics
 from opencomposer.training.progress import ProgressBar
-from opencomposer.types import Group
+from opencomposer.types import EpisodeStatus, Group, InfrastructureDown
 
 
 def lock_run_folder(run_dir: Path):
@@ -233,6 +233,7 @@ class RLRun:
         groups = run_groups(tasks, self.batcher, self.tokenizer, self.config, group_size=rl.group_size,
                             seeds=seeds, workers=rl.rollout_workers, grader=self.grader)
         rollout_s = time.perf_counter() - started
+        check_not_all_failed(groups, state.step + 1)
         scored = self.trainer.score(groups)
         loss, train_metrics = self.trainer.train(scored, version=state.step)  # staleness 0, as a check
         state.step += 1
@@ -288,6 +289,20 @@ class RLRun:
         folder = self.run_dir / "rollouts"
         folder.mkdir(exist_ok=True)
         atomic_write_text(folder / f"step-{self.state.step:06d}.jsonl", "".join(line + "\n" for line in lines))
+
+
+def check_not_all_failed(groups: list[Group], step: int) -> None:
+    """Stop the run when every episode of ``step`` is an infrastructure error: the engine or the
+    sandbox is down, not the policy wrong, and going on would record step after step of dropped
+    prompts. Raised before anything of the step is trained or recorded, so the same command
+    resumes from the last checkpoint and samples these prompts again."""
+    episodes = [e for g in groups for e in g.episodes]
+    if not episodes or any(e.status != EpisodeStatus.INFRA_ERROR for e in episodes):
+        return
+    raise InfrastructureDown(
+        f"every episode of step {step} ({len(episodes)}) failed on infrastructure, not the policy; the first: "
+        f"{episodes[0].error}. Nothing of this step was trained or recorded: fix the cause and run the same "
+        "command again, which resumes from the last checkpoint")
 
 
 def step_records(indices: list[int], groups: list[Group], step: int, skipped: bool) -> list[TaskRecord]:
