@@ -269,6 +269,20 @@ def test_routes_turn_on_the_v2_runner_or_are_left_out_with_a_warning(fake_vllm, 
     with pytest.raises(ValueError, match="requires Model Runner V2"):
         _engine(is_moe=True)
 
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    monkeypatch.setattr(_LLM, "v2", True)
+    real_init = _LLM.__init__
+
+    def out_of_memory_on_the_retry(self, **kwargs):
+        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+            raise RuntimeError("CUDA out of memory")
+        real_init(self, **kwargs)
+
+    monkeypatch.setattr(_LLM, "__init__", out_of_memory_on_the_retry)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _engine(is_moe=True)
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ  # put back on any failure, not only vLLM's refusal
+
 
 def test_a_vllm_without_logprobs_mode_is_refused(fake_vllm, monkeypatch):
     @dataclasses.dataclass
@@ -366,6 +380,14 @@ def test_weights_go_to_the_workers_under_checkpoint_names(fake_vllm, monkeypatch
     assert engine.llm.resets == 1  # the prefix cache of the replaced weights is dropped at once
     [c] = engine.generate([[1]], SamplingParams(max_new_tokens=1), row_seeds=[0])
     assert c.token_ids == [5] and c.policy_version == 3
+    def reload_without_format_flag(self, weights_iterator=None, weights_path=None):  # a vLLM between the two
+        self.model.reloads += 1
+        self.model.load_weights(weights_iterator)
+
+    monkeypatch.setattr(_Runner, "_reload", reload_without_format_flag)
+    between = _engine()
+    between.load_weights(state, 1)
+    assert between.llm.model.offset == 5 and between.llm.model.reloads == 1
     monkeypatch.setattr(_LLM, "reload", False)  # older vLLM: the model's own load_weights
     old = _engine()
     old.load_weights(state, 1)
@@ -377,8 +399,10 @@ def test_weights_published_mid_call_land_between_two_steps(fake_vllm):
     vllm_engine = engine.llm.llm_engine
 
     def publish(step):
-        if step == 2:  # as a trainer thread would, while the call runs
-            engine.load_weights({"model.norm.weight": torch.tensor([10.0])}, 1)
+        if step == 2:  # from a trainer thread, while the call runs
+            trainer = threading.Thread(target=engine.load_weights, args=({"model.norm.weight": torch.tensor([10.0])}, 1))
+            trainer.start()
+            trainer.join()
             assert engine.policy_version == 0, "staged, not applied, while a step may be running"
 
     vllm_engine.on_step = publish
@@ -445,6 +469,8 @@ def test_close_shuts_vllm_down_once_and_a_closed_engine_refuses_work(fake_vllm):
     assert shutdowns == [1] and engine.llm is None
     with pytest.raises(adapter.EngineError, match="closed"):
         engine.generate([[1]], SamplingParams(max_new_tokens=2))
+    engine.load_weights({"model.norm.weight": torch.tensor([1.0])}, 7)  # a publish racing a restart: ignored
+    assert engine.policy_version == 0
 
 
 def test_checkpoint_names_match_the_saved_checkpoint(tmp_path, tiny_tokenizer):
@@ -604,11 +630,13 @@ def test_real_vllm_switches_weights_between_two_steps_of_a_running_call(smol_vll
     new["model.norm.weight"] = new["model.norm.weight"] * 0.5
     vllm_engine, real_step, steps = engine.llm.llm_engine, engine.llm.llm_engine.step, []
 
-    def step():  # as the trainer's publish would, from another thread, after the 8th step
+    def step():  # the trainer's publish, from a thread of its own, after the 8th step
         out = real_step()
         steps.append(len(steps))
         if len(steps) == 8:
-            engine.load_weights(new, old_version + 1)
+            trainer = threading.Thread(target=engine.load_weights, args=(new, old_version + 1))
+            trainer.start()
+            trainer.join()
             assert engine.policy_version == old_version, "staged, not applied, while the call runs"
         return out
 
@@ -748,6 +776,8 @@ def test_real_vllm_moe_loads_fused_experts_and_returns_routes_where_supported(sm
 
     try:
         [c] = engine.generate([prompt], params)
+        if device == "cuda":  # the gpu extra's vLLM has enable_return_routed_experts
+            assert engine.returns_routes, [str(w.message) for w in caught]
         if engine.returns_routes:
             assert c.prompt_routed_experts.shape == (4, 4, 2)
             assert c.routed_experts is None or c.routed_experts.shape == (8, 4, 2)

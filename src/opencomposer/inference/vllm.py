@@ -154,6 +154,20 @@ def _reason(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def _refresh_vllm_environment() -> None:
+    """Make vLLM read its environment variables again: a running engine core caches them for the
+    process (``vllm.envs.enable_envs_cache``), so a variable set for the next engine would be missed."""
+    try:
+        import importlib
+
+        envs = importlib.import_module("vllm.envs")
+    except ImportError:  # a stand-in, or a vLLM without that module
+        return
+    disable = getattr(envs, "disable_envs_cache", None)
+    if disable is not None:
+        disable()
+
+
 def _check_prompts(prompts: Sequence[Sequence[int]], max_positions: int) -> list[list[int]]:
     out = [list(map(int, p)) for p in prompts]
     for i, prompt in enumerate(out):
@@ -208,8 +222,10 @@ def _load_weights_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> int:
     tensors and processes them again. Older vLLM has no such method; there the model's own
     ``load_weights`` copies into the parameters as they are."""
     runner_reload = getattr(worker.model_runner, "reload_weights", None)  # the worker's takes *args, **kwargs
-    if runner_reload is not None and "weights_iterator" in inspect.signature(runner_reload).parameters:
-        worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    parameters = inspect.signature(runner_reload).parameters if runner_reload is not None else {}
+    if "weights_iterator" in parameters:
+        extra = {"is_checkpoint_format": True} if "is_checkpoint_format" in parameters else {}
+        worker.reload_weights(weights_iterator=iter(weights), **extra)
     else:
         worker.model_runner.model.load_weights(weights=iter(weights))
     return len(weights)
@@ -350,9 +366,10 @@ class VLLMEngine:
 
         Newer vLLM returns routes only from its V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``),
         which needs Triton: where the first try says so and the caller left that variable unset,
-        it is set and tried again. Where vLLM still refuses (its CPU build has no Triton), the
-        variable goes back as it was and the engine runs without routes, saying so once: router
-        replay then has no sampler routes for these completions (``returns_routes`` False)."""
+        it is set, for the whole process (later engines, dense ones too, run on the V2 runner),
+        and tried again. Where vLLM still refuses (its CPU build has no Triton), the variable goes
+        back as it was and the engine runs without routes, saying so: router replay then has no
+        sampler routes for these completions (``returns_routes`` False)."""
         kwargs = dict(kwargs, enable_return_routed_experts=True)
         variable = "VLLM_USE_V2_MODEL_RUNNER"
         try:
@@ -360,11 +377,15 @@ class VLLMEngine:
         except ValueError as e:  # vLLM's config validation (pydantic's ValidationError is one)
             if "Model Runner V2" not in str(e) or variable in os.environ:
                 raise
-            os.environ[variable] = "1"
+            os.environ[variable] = "1"  # for the process: vLLM reads it again for every engine
+            _refresh_vllm_environment()
             try:
                 llm = self.vllm.LLM(**kwargs)
-            except ValueError as again:
+            except BaseException as again:
                 del os.environ[variable]
+                _refresh_vllm_environment()
+                if not isinstance(again, ValueError):
+                    raise
                 warnings.warn(f"this vLLM build returns no routed experts ({_reason(again)}); the engine runs "
                               "without them and router replay gets no sampler routes", stacklevel=3)
                 return None
@@ -382,14 +403,20 @@ class VLLMEngine:
         groups it set up, the GPU memory of its weights and KV cache), so that another engine can
         start here: vLLM keeps one model-parallel state per process, and a second ``LLM`` beside
         a live one finds it already set. The inference service calls it on a dead engine before
-        it builds the next one. Later calls do nothing; ``generate`` on a closed engine raises."""
+        it builds the next one. Later calls do nothing; ``generate`` on a closed engine raises and
+        ``load_weights`` does nothing (a rebuilt engine starts from the newest published weights).
+        Not from inside a running ``generate`` (it waits for that call to end)."""
         with self._generate_lock:
-            llm, self.llm = self.llm, None
+            with self._weights_lock:
+                llm, self.llm = self.llm, None
+                self._staged = None
             if llm is None:
                 return
-            self._on_engine_thread(self._shut_down, llm)
-            del llm
-            self._thread.shutdown(wait=True)
+            try:
+                self._on_engine_thread(self._shut_down, llm)
+            finally:
+                del llm
+                self._thread.shutdown(wait=threading.get_ident() != self._thread_id)
 
     @staticmethod
     def _shut_down(llm: Any) -> None:
@@ -408,6 +435,8 @@ class VLLMEngine:
         """Take ``state_dict`` (the trainer's names) as policy ``version``; any thread. Applied at
         once with nothing generating, else staged (a copy) and applied between two engine steps."""
         with self._weights_lock:
+            if self.llm is None:  # closed
+                return
             if self._generating:
                 self._staged = ({k: v.detach().clone() for k, v in state_dict.items()}, version)
             else:

@@ -292,12 +292,14 @@ class RLRun:
 
 
 def check_not_all_failed(groups: list[Group], step: int) -> None:
-    """Stop the run when every episode of ``step`` is an infrastructure error: the engine or the
-    sandbox is down, not the policy wrong, and going on would record step after step of dropped
-    prompts. Raised before anything of the step is trained or recorded, so the same command
-    resumes from the last checkpoint and samples these prompts again."""
+    """Stop the run when every episode of ``step``, over two tasks or more, is an infrastructure
+    error: the engine or the sandbox is down, not the policy wrong, and going on would record step
+    after step of dropped prompts. Raised before anything of the step is trained or recorded, so
+    the same command resumes from the last checkpoint and samples these prompts again. A step of
+    one task is left to the usual drop: that task's own environment may be what is broken, and
+    stopping would meet it again on every resume."""
     episodes = [e for g in groups for e in g.episodes]
-    if not episodes or any(e.status != EpisodeStatus.INFRA_ERROR for e in episodes):
+    if len(groups) < 2 or any(e.status != EpisodeStatus.INFRA_ERROR for e in episodes):
         return
     raise InfrastructureDown(
         f"every episode of step {step} ({len(episodes)}) failed on infrastructure, not the policy; the first: "
