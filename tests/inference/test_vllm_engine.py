@@ -778,9 +778,17 @@ def test_real_vllm_moe_loads_fused_experts_and_returns_routes_where_supported(sm
         [c] = engine.generate([prompt], params)
         if device == "cuda":  # the gpu extra's vLLM has enable_return_routed_experts
             assert engine.returns_routes, [str(w.message) for w in caught]
-        if engine.returns_routes:
+        if engine.returns_routes:  # the experts vLLM chose are the trainer's for the same tokens
+            from opencomposer.model.routing import RouteRecorder
+
+            with RouteRecorder(model) as recorder, torch.no_grad():
+                model(torch.tensor([prompt + c.token_ids], device=device))
+                mine = recorder.take(1, len(prompt) + 8)[0].sort(-1).values.cpu().numpy()
             assert c.prompt_routed_experts.shape == (4, 4, 2)
-            assert c.routed_experts is None or c.routed_experts.shape == (8, 4, 2)
+            assert (np.sort(c.prompt_routed_experts, -1) == mine[:4]).mean() > 0.95
+            if c.routed_experts is not None:
+                assert c.routed_experts.shape == (8, 4, 2)
+                assert (np.sort(c.routed_experts, -1) == mine[4:]).mean() > 0.95
         else:
             assert any("returns no routed experts" in str(w.message) for w in caught)
             assert c.prompt_routed_experts is None and c.routed_experts is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,6 +87,24 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     assert "report.png" in names and {"reward.png", "pass_rate.png", "loss.png", "kl.png", "entropy.png",
                                       "lengths.png", "reward_terms.png"} <= set(names)
     assert all(p.stat().st_size > 5000 for p in paths)
+
+
+def test_only_a_step_failed_on_infrastructure_across_tasks_stops_the_run():
+    """The stop needs every episode of two tasks or more to be an infrastructure error: one task's
+    broken environment, or a step where any episode ran, is left to the usual drop."""
+    from opencomposer.rl.loop import check_not_all_failed
+    from opencomposer.types import Episode, EpisodeStatus, Group, InfrastructureDown, Task
+
+    def group(task_id, *statuses):
+        task = Task(id=task_id, instruction="p", repo=Path("."))
+        return Group(task, [Episode(task_id=task_id, status=status, error=f"{task_id}: down") for status in statuses])
+
+    down, ok = EpisodeStatus.INFRA_ERROR, EpisodeStatus.OK
+    check_not_all_failed([group("a", down, down)], 1)  # one task: its own environment may be broken
+    check_not_all_failed([group("a", down, down), group("b", down, ok)], 1)  # one episode ran
+    check_not_all_failed([], 1)
+    with pytest.raises(InfrastructureDown, match=r"step 4 \(4\).*a: down"):
+        check_not_all_failed([group("a", down, down), group("b", down, down)], 4)
 
 
 @pytest.mark.integration

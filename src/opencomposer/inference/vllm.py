@@ -56,8 +56,8 @@ that it can act between two steps:
   vLLM did to the weights after loading, such as the CPU backend's kernel repacking) where the
   worker has it, else the model's ``load_weights``; either way vLLM's own loader, in place
   (parameter storage and CUDA graphs stay valid), from the checkpoint names ``checkpoint_names``
-  rebuilds (transformers 5 fuses a MoE's experts into one tensor; vLLM loads them per expert). What vLLM allows, and what this relies
-  on: weights may be replaced between steps while requests are running (the KV cache they
+  rebuilds (transformers 5 fuses a MoE's experts into one tensor; vLLM loads them per expert).
+  What vLLM allows, and what this relies on: weights may be replaced between steps while requests are running (the KV cache they
   wrote under the old weights is kept, as in ``LocalEngine`` and PipelineRL); the prefix cache
   cannot be reset while requests hold its blocks, so it is reset at the end of the call (and at
   once when nothing runs). Exact per-token versions need each ``step()`` to be exactly one
@@ -158,9 +158,7 @@ def _refresh_vllm_environment() -> None:
     """Make vLLM read its environment variables again: a running engine core caches them for the
     process (``vllm.envs.enable_envs_cache``), so a variable set for the next engine would be missed."""
     try:
-        import importlib
-
-        envs = importlib.import_module("vllm.envs")
+        from vllm import envs
     except ImportError:  # a stand-in, or a vLLM without that module
         return
     disable = getattr(envs, "disable_envs_cache", None)
@@ -236,7 +234,7 @@ def _load_weights_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> int:
 
 
 class _Row:
-    __slots__ = ("prompt_index", "sample_index", "tokens", "logprobs", "versions", "finish", "routes", "started")
+    __slots__ = ("prompt_index", "sample_index", "tokens", "logprobs", "versions", "finish", "routes")
 
     def __init__(self, prompt_index: int, sample_index: int):
         self.prompt_index, self.sample_index = prompt_index, sample_index
@@ -245,7 +243,6 @@ class _Row:
         self.versions: list[int] = []
         self.finish: str | None = None
         self.routes: Any = None
-        self.started = False  # its first output (which says how much of its prompt came from the prefix cache) is in
 
 
 def sampled_logprobs(logprobs: Any, tokens: Sequence[int]) -> list[float]:
@@ -545,9 +542,6 @@ class VLLMEngine:
 
     def _take(self, row: _Row, output: Any, version: int) -> None:
         """Add one step's delta (``RequestOutputKind.DELTA``) of a request to its row."""
-        if not row.started:
-            row.started = True
-            self.cached_prompt_tokens += int(getattr(output, "num_cached_tokens", None) or 0)
         completion = output.outputs[0]
         tokens = [int(t) for t in completion.token_ids]
         row.logprobs += sampled_logprobs(completion.logprobs, tokens)
@@ -559,6 +553,7 @@ class VLLMEngine:
                 raise EngineError(f"vLLM ended request {output.request_id} with finish_reason {reason!r}")
             row.finish = reason
             row.routes = getattr(completion, "routed_experts", None)
+            self.cached_prompt_tokens += int(getattr(output, "num_cached_tokens", None) or 0)
 
     def _completion(self, row: _Row, prompts: list[list[int]], version: int) -> Completion:
         prompt_routes, routes = split_routes(row.routes, len(prompts[row.prompt_index]), len(row.tokens),

@@ -13,6 +13,7 @@ init, with our own byte-level BPE tokenizer trained on the local code corpus (ca
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -253,13 +254,19 @@ def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | Path) ->
 
 
 def cache_argument(model: torch.nn.Module) -> str:
-    """The name under which ``model``'s forward takes a KV cache: ``cache`` in newer transformers,
-    ``past_key_values`` before the rename (5.19, the release vLLM's CPU build pins, has the old
-    one). Read from the forward's signature; a wrapper that hides it gets the newer name."""
+    """The name under which ``model``'s forward takes a KV cache, and under which its output
+    returns one: ``cache`` in newer transformers, ``past_key_values`` before the rename (5.19, the
+    release vLLM's CPU build pins, has the old one). Read from the forward's signature; a wrapper
+    that hides it gets the newer name."""
+    return _cache_argument(type(model))
+
+
+@functools.cache
+def _cache_argument(cls: type) -> str:
     import inspect
 
     try:
-        parameters = inspect.signature(model.forward).parameters
+        parameters = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):
         return "cache"
     return "past_key_values" if "past_key_values" in parameters and "cache" not in parameters else "cache"

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
+from opencomposer.model.loading import cache_argument
 from opencomposer.model.routing import RouterReplay
 from opencomposer.training.attention import packed_attention
 from opencomposer.types import TrainBatch
@@ -98,15 +99,6 @@ def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX,
         differs |= (batch.routes != batch.routes[:1]).flatten(2).any(-1).any(0)
     length = min(_first_true(differs), first_loss_position(batch), seq - 1)
     return length if length >= min_prefix else 0
-
-
-def _returned_cache(output: Any) -> tuple[Any, str]:
-    """The KV cache a forward with ``use_cache=True`` returned, and the argument name under which
-    the next forward takes it: ``cache`` in newer transformers, ``past_key_values`` before the
-    rename (5.19, the release vLLM's CPU build pins, still has the old name)."""
-    if getattr(output, "cache", None) is not None:
-        return output.cache, "cache"
-    return output.past_key_values, "past_key_values"
 
 
 @functools.cache
@@ -193,7 +185,8 @@ def token_logprobs(
             with routed((slice(0, 1), slice(0, prefix))):
                 shared = model(input_ids=input_ids[:1, :prefix], position_ids=position_ids[:1, :prefix],
                                use_cache=True, logits_to_keep=1)
-            cache, cache_argument = _returned_cache(shared)
+            name = cache_argument(model)  # "cache", or "past_key_values" in older transformers
+            cache = getattr(shared, name)
             cache.batch_repeat_interleave(rows)
             suffix_keep = seq - start
             if per_row_logits():  # the vocabulary projection at the scored positions only (below)
@@ -201,7 +194,7 @@ def token_logprobs(
                 suffix_keep = keep[:, prefix:]  # the prefix holds no scored position (shared_prefix_length)
             with routed((slice(None), slice(prefix, None))):
                 out = model(input_ids=input_ids[:, prefix:], position_ids=position_ids[:, prefix:],
-                            **{cache_argument: cache}, use_cache=True, logits_to_keep=suffix_keep)
+                            **{name: cache}, use_cache=True, logits_to_keep=suffix_keep)
         else:
             # the vocabulary projection runs on the positions each row scores, not on a window
             # from the first of them (a packed row holds prompts and tool outputs after it)
