@@ -168,6 +168,52 @@ def test_a_killed_trainer_resumes_from_its_checkpoint_and_the_group_checkpoints(
     assert all(torch.equal(final[name], tensor) for name, tensor in store.load(4).items())
 
 
+def test_a_step_whose_every_episode_fails_on_infrastructure_stops_and_resumes(tmp_path: Path, monkeypatch):
+    """After step 1's checkpoint every engine call fails, retries included: step 2's groups hold
+    only infrastructure errors. The run stops with ``InfrastructureDown`` before training or
+    recording them; the resume samples those groups again (their checkpoints are not restored:
+    nothing ran in them) and finishes with every task trained once and no infrastructure error."""
+    from opencomposer.inference.local import LocalEngine
+    from opencomposer.rl.loop import RLRun
+    from opencomposer.services.async_rl import run_async
+    from opencomposer.types import InfrastructureDown
+
+    dead = {"engine": False}
+    generate, checkpoint = LocalEngine.generate, RLRun.checkpoint
+
+    def failing_generate(self, *args, **kwargs):
+        if dead["engine"]:
+            raise RuntimeError("the GPU fell off the bus")
+        return generate(self, *args, **kwargs)
+
+    def checkpoint_then_die(self):
+        path = checkpoint(self)
+        dead["engine"] = True
+        return path
+
+    monkeypatch.setattr(LocalEngine, "generate", failing_generate)
+    monkeypatch.setattr(RLRun, "checkpoint", checkpoint_then_die)
+    config = config_for(tmp_path, "down", "rl.steps=3", "rl.checkpoint_every=1", "rl.mode=async",
+                        "rl.max_staleness=0")
+    with pytest.raises(InfrastructureDown, match=r"every episode of step 2 \(8\).*GPU fell off the bus"):
+        run_async(config, progress=False)
+    run_dir = config.run.path
+    assert [row["step"] for row in train_rows(run_dir)] == [1]  # step 2 left no trace
+    assert [r["index"] for r in record(run_dir)] == [0, 1]
+    assert list((run_dir / "groups").glob("*.pkl")), "step 2's failed groups were checkpointed"
+
+    monkeypatch.setattr(RLRun, "checkpoint", checkpoint)
+    dead["engine"] = False  # fixed; the same command resumes at step 1
+    runs = []
+    run_async(config, progress=False, on_run=runs.append)
+    assert runs[0].reconciler.stats.restored == 0  # the failed groups were sampled again
+    assert [row["step"] for row in train_rows(run_dir)] == [1, 2, 3]
+    assert_exactly_once(run_dir, 6)
+    for step in (2, 3):
+        for line in (run_dir / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines():
+            assert json.loads(line)["status"] != "infra_error", line
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one for the trainer, one for the rest")
 def test_trainer_cpus_keep_the_services_off_the_trainers_cpu(tmp_path: Path):
     """``services.trainer_cpus``: the trainer's thread on its CPU, the dispatchers (whose episode

@@ -26,6 +26,12 @@ sampled again. A group sampled by a version newer than the checkpoint (one the c
 sampled again rather than trained off a policy that no longer exists. A checkpoint is written
 before its version is published, so with ``rl.checkpoint_every = 1`` that never happens.
 
+**Infrastructure down.** Failed episodes are retried (``services.max_retries``) and otherwise
+dropped, as in the synchronous loop. A step whose every episode, over two tasks or more, failed on
+infrastructure stops the run with ``InfrastructureDown`` before anything of it is trained or
+recorded (``rl.loop.check_not_all_failed``); on resume, a checkpointed group in which nothing ran
+is sampled again rather than restored.
+
 **More processes** (``trainer.world_size > 1``, ``parallel.cp``/``ep``): rank 0 runs all of the
 above with the policy sharded (``DataParallelAsyncRLRun``), the other ranks only train.
 
@@ -50,12 +56,13 @@ from opencomposer.config import Config
 from opencomposer.distributed.runtime import World
 from opencomposer.rl.checkpoint import TaskRecord, latest_checkpoint
 from opencomposer.rl.distributed import DataParallelRLRun, follow_rl
-from opencomposer.rl.loop import RLRun, RLSummary, step_records
+from opencomposer.rl.loop import RLRun, RLSummary, check_not_all_failed, step_records
 from opencomposer.rl.rollouts import episode_seed
 from opencomposer.services.faults import FaultPlan, TrainerKilled, fire
 from opencomposer.services.groups import GroupStore, StoredGroup
 from opencomposer.services.reconciler import Reconciler, Slot
 from opencomposer.training.progress import ProgressBar
+from opencomposer.types import EpisodeStatus
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +202,9 @@ class AsyncRLRun(RLRun):
             if versions and max(versions) > state.step:
                 self.lost_version_groups += 1  # sampled by a version the crash lost: sample it again
                 continue
+            episodes = item.group.episodes
+            if episodes and all(e.status == EpisodeStatus.INFRA_ERROR for e in episodes):
+                continue  # nothing ran (the infrastructure was down): sample it again, not drop it
             reconciler.restore(index, item.group, item.admitted_version)
         self.groups.remove([i for i in stored if i not in reconciler.slots])
         return reconciler
@@ -356,6 +366,7 @@ class AsyncRLRun(RLRun):
         version = state.step
         groups = [slot.group for slot in slots]
         indices = [slot.index for slot in slots]
+        check_not_all_failed(groups, state.step + 1)  # a resume samples these again (_build_reconciler)
         scored = self.trainer.score(groups)
         loss, train_metrics = self.trainer.train(scored, version=version)
         if fire(self.faults, "kill_trainer", state.step + 1):
