@@ -83,6 +83,31 @@ def step(model, ids: torch.Tensor, routes: torch.Tensor | None, sync=None):
     return logits.detach(), loss.detach(), grads
 
 
+def autocast_dispatch(rank: int, shard_experts) -> list[str]:
+    """One forward and backward under bf16 autocast with float32 weights, 8 experts (4 a rank)
+    and few tokens, so that in some layer a rank's local expert gets no rows; returns the dtypes
+    this rank sent through the all-to-alls."""
+    import opencomposer.distributed.expert as expert_module
+
+    sent, original = [], expert_module._a2a
+
+    def spy(output, rows, *rest):
+        sent.append(str(rows.dtype))
+        return original(output, rows, *rest)
+
+    expert_module._a2a = spy
+    try:
+        model = tiny_qwen(5, experts=8)
+        shard_experts(model)
+        ids = torch.randint(0, VOCAB, (1, 6 if rank == 0 else 1), generator=torch.Generator().manual_seed(rank))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=ids).logits
+        logits.float().sum().backward()
+    finally:
+        expert_module._a2a = original
+    return sent
+
+
 def _rank(rank: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=RANKS)
@@ -114,6 +139,7 @@ def _rank(rank: int, port: int, folder: str) -> None:
             torch.distributed.all_reduce(total)
             out[kind] = {"replaced": replaced, "local": local, "logits": logits, "loss": float(total),
                          "grads": grads, "weights": full_state_dict(model)}
+        out["autocast_sent"] = autocast_dispatch(rank, shard_experts)
         try:
             shard_experts(tiny_qwen(0, experts=3))
         except ValueError as error:
@@ -204,6 +230,16 @@ def test_ep_with_mxfp8_dispatch_equals_one_process_with_it(runs):
 
 def test_ep_deepseek_v3_equals_one_process(runs):
     compare("deepseek", runs)
+
+
+def test_ep_under_bf16_autocast_sends_one_dtype_from_every_rank(runs):
+    """Under autocast an expert returns bf16 rows, and one that got no rows an empty float32
+    chunk: the return all-to-all goes in the dispatched rows' dtype on every rank, or ranks would
+    exchange buffers of different element sizes (a hang, or garbage, under NCCL)."""
+    _, ranks = runs
+    for r in ranks:
+        assert len(r["autocast_sent"]) == 2 * 3  # dispatch and return, 3 MoE layers
+        assert set(r["autocast_sent"]) == {"torch.float32"}, r["autocast_sent"]
 
 
 def test_bad_settings_are_refused(runs):

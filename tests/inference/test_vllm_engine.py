@@ -231,12 +231,13 @@ def test_asking_for_vllm_without_it_says_how_to_install(monkeypatch):
 
 
 def test_llm_is_built_with_the_recipe_knobs_and_processed_logprobs(fake_vllm, monkeypatch):
-    engine = _engine(is_moe=True, gpu_memory_utilization=0.7, tensor_parallel_size=2, enable_prefix_caching=False,
-                     max_model_len=512, dtype="bfloat16")
+    engine = _engine(is_moe=True, gpu_memory_utilization=0.7, tensor_parallel_size=2, max_model_len=512,
+                     dtype="bfloat16")
     kwargs = engine.llm.kwargs
     assert kwargs["logprobs_mode"] == "processed_logprobs"
     assert (kwargs["gpu_memory_utilization"], kwargs["tensor_parallel_size"], kwargs["enable_prefix_caching"],
-            kwargs["max_model_len"], kwargs["dtype"]) == (0.7, 2, False, 512, "bfloat16")
+            kwargs["max_model_len"], kwargs["dtype"]) == (0.7, 2, True, 512, "bfloat16")
+    assert _engine(enable_prefix_caching=False).llm.kwargs["enable_prefix_caching"] is False
     assert kwargs["async_scheduling"] is False and kwargs["enable_return_routed_experts"] is True
     assert kwargs["generation_config"] == "vllm"  # the checkpoint's sampling defaults never apply
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -282,6 +283,11 @@ def test_routes_turn_on_the_v2_runner_or_are_left_out_with_a_warning(fake_vllm, 
     with pytest.raises(RuntimeError, match="out of memory"):
         _engine(is_moe=True)
     assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ  # put back on any failure, not only vLLM's refusal
+
+    monkeypatch.setattr(_LLM, "__init__", real_init)  # vLLM refuses routes without its prefix cache
+    with pytest.warns(UserWarning, match="enable_prefix_caching = false: vLLM returns routed experts only"):
+        engine = _engine(is_moe=True, enable_prefix_caching=False)
+    assert not engine.returns_routes and "enable_return_routed_experts" not in engine.llm.kwargs
 
 
 def test_a_vllm_without_logprobs_mode_is_refused(fake_vllm, monkeypatch):
@@ -514,6 +520,8 @@ def test_http_engine_speaks_token_ids_and_refuses_what_it_cannot_do(monkeypatch)
     path, body = calls[0]
     assert path == "/completions" and body["prompt"] in ([1, 2], [3]) and body["return_tokens_as_token_ids"]
     assert body["logprobs"] == 0 and body["top_k"] == 5 and body["stop_token_ids"] == [9] and body["n"] == 1
+    assert body["min_p"] == 0.0 and body["repetition_penalty"] == 1.0  # never the checkpoint's defaults
+    assert engine.body([1], SamplingParams(max_new_tokens=1), 0)["top_k"] == 0  # sent when off too
     assert len({b["seed"] for _, b in calls}) == 4  # one seed per row
     with pytest.raises(adapter.EngineError, match="cannot take new weights"):
         engine.load_weights({}, 1)

@@ -211,3 +211,28 @@ def test_quantized_tiny_moe_trains_close_to_the_unquantised_one(make_qwen3_moe):
         assert losses[-1] < 0.5 * losses[0], (recipe, losses[0], losses[-1])
         final[recipe] = losses[-1]
     assert abs(final["nvfp4_fwd_mxfp8_bwd"] - final["bf16"]) < 0.05, final
+
+
+@pytest.mark.parametrize("recipe_name", ["mxfp8", "nvfp4_fwd_mxfp8_bwd"])
+def test_a_quantised_model_trains_under_bf16_autocast(make_qwen3_moe, recipe_name):
+    """``rl.bf16`` / ``sft.bf16`` with a ``[numerics]`` recipe: autocast makes the activations bf16
+    while the weights stay float32, and does not reach the backward. The quantised matmuls run
+    outside it, so the backward does not meet two dtypes, and each gradient comes back in its
+    parameter's dtype, close to the one of the same step without autocast."""
+    model = make_qwen3_moe()
+    convert_model(model, NumericsConfig(recipe=recipe_name, quantize_linears=True))
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for autocast in (False, True):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        grads[autocast] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert torch.isfinite(loss)
+    assert grads[True].keys() == grads[False].keys()
+    experts = "model.layers.1.mlp.experts.gate_up_proj"
+    for name, grad in grads[True].items():
+        assert grad.dtype == torch.float32 and torch.isfinite(grad).all(), name
+    cosine = F.cosine_similarity(grads[True][experts].flatten(), grads[False][experts].flatten(), dim=0)
+    assert cosine > 0.9, float(cosine)

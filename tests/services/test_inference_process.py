@@ -174,3 +174,29 @@ def test_a_dead_engine_is_closed_before_the_next_one_starts(monkeypatch):
         [c] = session.generate([[1, 2]], SamplingParams(max_new_tokens=1))
     assert c.token_ids == [1] and service.restarts == 2
     assert events == ["build 1", "close 1", "build 2", "close 2", "build 3"]
+
+
+def test_a_service_process_samples_on_the_run_device_and_says_when_it_cannot(tmp_path: Path, tiny_moe, monkeypatch,
+                                                                               caplog):
+    """``load_policy`` (the policy of the inference process and of the Ray actors): on ``run.device``
+    for the in-process sampler, on the CPU for vLLM's template; a process that sees no GPU samples on
+    the CPU with a warning rather than failing or pretending."""
+    import opencomposer.model.device as device_module
+    from opencomposer.config import load_recipe
+    from opencomposer.model.loading import save_checkpoint
+    from opencomposer.services.inference import load_policy
+
+    model, tokenizer = tiny_moe
+    save_checkpoint(model, tokenizer, tmp_path / "initial")
+    asked = []
+    resolve = device_module.resolve_device
+    monkeypatch.setattr(device_module, "resolve_device", lambda name: asked.append(name) or resolve(name))
+    policy, _ = load_policy(str(tmp_path / "initial"), load_recipe(None, ["run.device=cpu"]))
+    assert asked == ["cpu"] and next(policy.parameters()).device.type == "cpu"
+    policy, _ = load_policy(str(tmp_path / "initial"), load_recipe(None, ["inference.backend=vllm"]))
+    assert asked == ["cpu"]  # vLLM loads the saved folder itself: the template stays on the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level("WARNING", logger="opencomposer.services.inference"):
+        policy, _ = load_policy(str(tmp_path / "initial"), load_recipe(None, ["run.device=cuda"]))
+    assert next(policy.parameters()).device.type == "cpu"
+    assert "runs on the CPU" in caplog.text and "run.device = 'cuda'" in caplog.text

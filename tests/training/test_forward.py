@@ -90,3 +90,22 @@ def test_the_vocabulary_projection_runs_on_the_scored_positions_only(small_model
         hook.remove()
     # with the prefix the head runs twice: once on the prefix's last position, then on the suffixes
     assert [int(np.prod(shape[:-1])) for shape in seen] == [1] * share + [int(batch.loss_mask.sum())]
+
+
+def test_bf16_logits_are_divided_by_the_temperature_in_float32(small_model):
+    """A bf16 model's logits are upcast before the temperature divides them: dividing in bf16
+    would round each scaled logit to 8 bits of mantissa, a sampler/trainer mismatch of its own."""
+    import copy
+
+    from opencomposer.training.forward import token_logprobs
+
+    model = copy.deepcopy(small_model).to(torch.bfloat16)
+    batch = collate(rows_with_common_prefix(8, [12, 9], first_model=2), pad_id=0)
+    temperature = 0.7
+    got, _ = token_logprobs(model, batch, temperature=temperature, share_prefix=False, with_entropy=False)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids).logits.double() / temperature
+    want = torch.log_softmax(logits, -1).gather(-1, batch.target_ids[..., None])[..., 0]
+    mask = batch.loss_mask
+    assert got.dtype == torch.float32
+    assert float((got.double() - want)[mask].abs().max()) < 1e-4

@@ -181,7 +181,9 @@ class ExpertParallelExperts(nn.Module):
         outputs = []
         for j, chunk in enumerate(rows[by_expert].split(counts)):
             outputs.append(self._expert(j, chunk) if counts[j] else chunk)  # an empty chunk keeps the graph
-        done = torch.cat(outputs)[torch.argsort(by_expert)]
+        # in the dispatched rows' dtype: under bf16 autocast an expert returns bf16 and an empty
+        # chunk stays float32, and every rank must send the return all-to-all the same element size
+        done = torch.cat(outputs).to(rows.dtype)[torch.argsort(by_expert)]
         if self.quantize_dispatch:
             from opencomposer.numerics.qlinear import combine_round
 

@@ -15,8 +15,9 @@ that it can act between two steps:
   ``LocalEngine`` returns them. Stop strings are kept in the output
   (``include_stop_str_in_output``), as the project's ``SamplingParams`` says.
 - *Which log-probabilities.* The ``LLM`` is built with ``logprobs_mode="processed_logprobs"`` and
-  every request asks for ``logprobs=0`` (the sampled token's only). vLLM's V1 sampler then
-  returns, for the sampled token, the log-softmax of the logits after its processing: penalties
+  every request asks for ``logprobs=0`` (the sampled token's only). vLLM's sampler (its V1 model
+  runner's, or the V2 runner's, the default on CUDA) then returns, for the sampled token, the
+  log-softmax of the logits after its processing: penalties
   and logit bias (none are set here), temperature, min-p (0 here), then the top-k / top-p mask,
   i.e. ``log π_cut`` of ``inference.sampling``, the distribution the token was drawn from and the
   one the trainer scores. At temperature 0 (greedy) vLLM returns the log-softmax of the
@@ -75,8 +76,9 @@ that it can act between two steps:
   and a trainer's publish may call from anywhere.
 
 **HttpEngine** samples from a server's ``/v1/completions`` with token ids as the prompt and
-vLLM's extensions (``return_tokens_as_token_ids``, ``stop_token_ids``, ``top_k``) so the tokens
-come back as ids, with the logprob of each sampled token. Those logprobs are of whatever
+vLLM's extensions (``return_tokens_as_token_ids``, ``stop_token_ids``; ``top_k``, ``min_p`` and
+``repetition_penalty`` always sent, so the checkpoint's generation config fills none of them) so
+the tokens come back as ids, with the logprob of each sampled token. Those logprobs are of whatever
 distribution the server was started with (``vllm serve --logprobs-mode``; by default the raw
 softmax, not the project's), the server takes no weights from the trainer, and it returns no
 routes: the factory refuses it for RL and evaluation, and ``load_weights`` raises.
@@ -352,7 +354,11 @@ class VLLMEngine:
         if "logprobs_mode" not in known:
             raise EngineError("this vLLM has no logprobs_mode, so its logprobs would be the raw softmax, not those of "
                               "the distribution sampled from; install vllm>=0.11 (the gpu extra pins it)")
-        if self.is_moe and "enable_return_routed_experts" in known:
+        if self.is_moe and "enable_return_routed_experts" in known and not self.config.enable_prefix_caching:
+            warnings.warn("inference.enable_prefix_caching = false: vLLM returns routed experts only with its prefix "
+                          "cache on, so this engine runs without them and router replay gets no sampler routes",
+                          stacklevel=3)
+        elif self.is_moe and "enable_return_routed_experts" in known:
             llm = self._build_llm_with_routes(kwargs)
             if llm is not None:
                 return llm
@@ -617,9 +623,11 @@ class HttpEngine:
             "temperature": params.temperature, "top_p": params.top_p, "seed": int(seed) % (1 << 63),
             "logprobs": 0, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
             "include_stop_str_in_output": True, "ignore_eos": params.ignore_eos,
+            # vLLM's extensions, always sent: left out, the server fills them from the checkpoint's
+            # generation_config.json, and the tokens would come from another distribution than the
+            # one the trainer scores
+            "top_k": params.top_k, "min_p": 0.0, "repetition_penalty": 1.0,
         }
-        if params.top_k:
-            body["top_k"] = params.top_k
         if params.stop:
             body["stop"] = list(params.stop)
         if params.stop_token_ids:

@@ -119,25 +119,31 @@ def matmul_recipe(config: NumericsConfig) -> MatmulRecipe | None:
 class QuantizedMatmul(torch.autograd.Function):
     """``y [T, N] = x [T, K] @ w [N, K].T`` with every operand quantised per ``MatmulRecipe``."""
 
+    # Under bf16 autocast the operands can differ in dtype (bf16 activations, float32 weights) and
+    # autocast does not reach the backward: both passes run outside it, in the wider of the two
+    # dtypes (the quantised values are exact in either), and each gradient in its input's dtype.
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, recipe: MatmulRecipe) -> torch.Tensor:
         ctx.recipe = recipe
         ctx.save_for_backward(x, weight)
-        return fake_quantize(x, recipe.forward_input) @ fake_quantize(weight, recipe.forward_weight).T
+        dtype = torch.promote_types(x.dtype, weight.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            return (fake_quantize(x, recipe.forward_input).to(dtype)
+                    @ fake_quantize(weight, recipe.forward_weight).to(dtype).T)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # grad_out [T, N]
         x, weight = ctx.saved_tensors
         recipe: MatmulRecipe = ctx.recipe
+        dtype = torch.promote_types(grad_out.dtype, torch.promote_types(x.dtype, weight.dtype))
         grad_x = grad_weight = None
-        if ctx.needs_input_grad[0]:  # [T, N] @ [N, K], reduction over N
-            grad_x = fake_quantize(grad_out, recipe.backward_grad, dim=-1) @ fake_quantize(
-                weight, recipe.backward_operand, dim=0
-            )
-        if ctx.needs_input_grad[1]:  # [N, T] @ [T, K], reduction over T
-            grad_weight = fake_quantize(grad_out, recipe.backward_grad, dim=0).T @ fake_quantize(
-                x, recipe.backward_operand, dim=0
-            )
+        with torch.autocast(x.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:  # [T, N] @ [N, K], reduction over N
+                grad_x = (fake_quantize(grad_out, recipe.backward_grad, dim=-1).to(dtype)
+                          @ fake_quantize(weight, recipe.backward_operand, dim=0).to(dtype)).to(x.dtype)
+            if ctx.needs_input_grad[1]:  # [N, T] @ [T, K], reduction over T
+                grad_weight = (fake_quantize(grad_out, recipe.backward_grad, dim=0).to(dtype).T
+                               @ fake_quantize(x, recipe.backward_operand, dim=0).to(dtype)).to(weight.dtype)
         return grad_x, grad_weight, None
 
 

@@ -827,7 +827,8 @@ def run_phases(
     shard_model(model, world)
     optimizer = build_optimizer(model, lr=plan[0].config.lr, betas=tuple(pc.betas), weight_decay=pc.weight_decay)
     if checkpoint is not None:  # rank 0 reads Adam's state and hands each rank its part
-        saved = torch.load(checkpoint / "trainer.pt", weights_only=False) if world.main else {}
+        saved = (torch.load(checkpoint / "trainer.pt", weights_only=False, map_location="cpu")
+                 if world.main else {})
         load_optimizer_state(model, optimizer, saved.get("optimizer"), world)
         torch.set_rng_state(world.broadcast(saved.get("torch_rng")))
         if progress:

@@ -166,6 +166,6 @@ def load_training_checkpoint(path: Path) -> tuple[RunState, dict[str, Any]]:
     """``(state, trainer_state)`` of a checkpoint folder; the weights are in ``path / "model"``.
     RNG states are restored as a side effect."""
     state = RunState.from_json((path / "state.json").read_text())
-    trainer_state = torch.load(path / "trainer.pt", weights_only=True)
+    trainer_state = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
     set_rng_state(trainer_state.pop("rng"))
     return state, trainer_state

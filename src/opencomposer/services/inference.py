@@ -171,13 +171,23 @@ def set_threads(threads: int) -> None:
 
 def load_policy(folder: str, config: Any) -> tuple[torch.nn.Module, Any]:
     """In a service's own process: the model and tokenizer saved in ``folder`` (the run's
-    ``initial``), on CPU, converted to the ``[numerics]`` format as ``RLRun`` converts the policy
-    that the in-process services copy (the state dict is the same either way)."""
-    from opencomposer.config import ModelConfig
+    ``initial``), converted to the ``[numerics]`` format as ``RLRun`` converts the policy that the
+    in-process services copy (the state dict is the same either way). On ``run.device`` when the
+    engine is the in-process sampler (``inference.backend = "local"``), as the trainer's own copy
+    would be; on the CPU otherwise, where it is only the template vLLM loads from. A process that
+    sees no GPU (a Ray actor, which asks Ray for none yet: docs/gpu.md) samples on the CPU, and says so."""
+    from opencomposer.config import ConfigError, ModelConfig
+    from opencomposer.model.device import resolve_device
     from opencomposer.model.loading import load_model
     from opencomposer.numerics.convert import convert_model
 
-    model, tokenizer = load_model(ModelConfig(kind="hf", path=folder, dtype=config.model.dtype), device="cpu")
+    device = torch.device("cpu")
+    if config.inference.backend == "local":
+        try:
+            device = resolve_device(config.run.device)
+        except ConfigError as e:
+            log.warning("the sampler of this process runs on the CPU: %s", e)
+    model, tokenizer = load_model(ModelConfig(kind="hf", path=folder, dtype=config.model.dtype), device=device)
     convert_model(model, config.numerics)
     return model, tokenizer
 
