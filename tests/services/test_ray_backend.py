@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from opencomposer.config import load_recipe
 
@@ -49,8 +50,12 @@ def test_an_async_run_on_ray_actors_trains_evaluates_and_records_every_group_onc
     from opencomposer import protocols
     from opencomposer.services.async_rl import run_async
 
-    config = config_for(tmp_path, "ray", "rl.eval_every=2", "rl.eval_tasks=2", "rl.eval_samples=2")
+    # one GPU declared to the local cluster (none is there: Ray only counts it) and asked for by the
+    # inference actor, so Ray schedules it on that GPU and hands it the device
+    config = config_for(tmp_path, "ray", "rl.eval_every=2", "rl.eval_tasks=2", "rl.eval_samples=2",
+                        "services.ray_num_gpus=1", "services.ray_inference_gpus=1")
     seams: list[bool] = []
+    placement: list[dict] = []
 
     def check_the_seams(run) -> None:
         """While Ray is up (a property of a proxy may be a remote call): the proxies are the seams."""
@@ -61,12 +66,15 @@ def test_an_async_run_on_ray_actors_trains_evaluates_and_records_every_group_onc
                 seams.extend([isinstance(services.inference, protocols.InferenceService),
                               isinstance(services.workers[0], protocols.EnvironmentWorker),
                               isinstance(services.evaluation, protocols.EvaluationService)])
+                placement.append(ray.get(services.inference.actor.placement.remote()))
             time.sleep(0.05)
 
     summary = run_async(config, progress=False, on_run=lambda run: threading.Thread(
         target=check_the_seams, args=(run,), daemon=True).start())
 
     assert seams == [True, True, True]
+    assert placement[0]["gpu_ids"] == ["0"]  # the actor holds the GPU it asked for
+    assert placement[0]["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert not ray.is_initialized()  # the backend stopped the local cluster it started
     train = rows(summary.run_dir, "train")
     assert [row["policy_version"] for row in train] == [1, 2]
@@ -123,3 +131,16 @@ def test_killed_actors_a_worker_replaced_and_inference_restarted_and_the_run_fin
     for path in sorted((summary.run_dir / "rollouts").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             assert json.loads(line)["status"] != "infra_error", line
+
+
+def test_gpu_requests_beyond_the_cluster_are_refused_before_any_actor_starts():
+    from opencomposer.config import ConfigError, ServicesConfig
+    from opencomposer.services.ray_backend import check_gpu_requests
+
+    check_gpu_requests(ServicesConfig(ray_inference_gpus=1, ray_evaluation_gpus=0.5), 2.0)
+    with pytest.raises(ConfigError, match=r"services.ray_inference_gpus = 1, but the Ray cluster has 0 GPUs"):
+        check_gpu_requests(ServicesConfig(ray_inference_gpus=1), 0.0)
+    with pytest.raises(ConfigError, match=r"services.ray_evaluation_gpus = 2.*has 1 GPUs"):
+        check_gpu_requests(ServicesConfig(ray_evaluation_gpus=2), 1.0)
+    with pytest.raises(ConfigError, match="services.ray_num_gpus: must be >= 0"):
+        ServicesConfig(ray_num_gpus=-1)

@@ -57,6 +57,14 @@ class ServicesConfig(Section):
     """Ray cluster to join (``ray.init(address=...)``); empty starts a local one for the run."""
     ray_num_cpus: int = 0
     """CPUs of the local Ray cluster; 0 lets Ray count them."""
+    ray_num_gpus: int = 0
+    """GPUs of the local Ray cluster; 0 lets Ray count them. Fewer than the machine has keeps the
+    rest for the trainer (the driver; choose which with ``CUDA_VISIBLE_DEVICES``)."""
+    ray_inference_gpus: float = 0.0
+    """GPUs the inference actor asks Ray for (``num_gpus``): 1 for a vLLM engine or a local sampler
+    on ``run.device = "cuda"``, a fraction to share one; 0 (default) samples on the CPU of its node."""
+    ray_evaluation_gpus: float = 0.0
+    """GPUs the evaluation actor asks Ray for, as ``ray_inference_gpus``."""
 
     def validate(self) -> None:
         if self.env_workers < 0:
@@ -65,6 +73,9 @@ class ServicesConfig(Section):
             raise ConfigError(f"services.full_every: must be >= 1, got {self.full_every}")
         if self.keep_versions < 0 or self.max_retries < 0 or self.ray_num_cpus < 0:
             raise ConfigError("services.keep_versions, services.max_retries and services.ray_num_cpus: must be >= 0")
+        for name in ("ray_num_gpus", "ray_inference_gpus", "ray_evaluation_gpus"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"services.{name}: must be >= 0, got {getattr(self, name)}")
         if self.heartbeat_s <= 0 or self.worker_timeout_s <= self.heartbeat_s:
             raise ConfigError(
                 f"services.heartbeat_s ({self.heartbeat_s}) must be > 0 and below services.worker_timeout_s "

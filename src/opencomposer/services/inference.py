@@ -205,6 +205,7 @@ class InferenceHost:
 
         set_threads(config.run.threads)
         model, tokenizer = load_policy(folder, config)
+        self.device = next(model.parameters()).device
         self.store = WeightStore(store_url)
         self.subscriber = self.store.subscribe()
         version = self.store.latest() if version is None else version

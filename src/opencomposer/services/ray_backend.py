@@ -41,7 +41,14 @@ opencomposer installed.
 **Not here.** Fault injection (``services.faults``): a ``FaultPlan`` is an in-process object
 (locks, events) that does not cross into actors, so the fault tests run on the embedded backend;
 what this backend adds, actors killed with ``ray.kill`` (a worker, the inference actor), is
-tested here. The engines run on CPU. Ray is imported only by this module.
+tested here. Ray is imported only by this module.
+
+**GPUs.** The inference and evaluation actors ask Ray for ``services.ray_inference_gpus`` and
+``services.ray_evaluation_gpus`` GPUs (0 by default: they sample on their node's CPU); Ray
+schedules each on a node with that many free and sets its ``CUDA_VISIBLE_DEVICES``, and the
+actor's policy goes to ``run.device`` (``services.inference.load_policy``). A request beyond
+the cluster's GPUs is refused before any actor starts (``check_gpu_requests``); the
+inference actor's ``placement()`` says where it landed (logged at start).
 
 **Lifetime.** ``RayServices(run)`` joins ``services.ray_address`` or, when empty, starts a local
 cluster (``services.ray_num_cpus`` CPUs, no dashboard, actor logs kept out of the driver's
@@ -163,6 +170,12 @@ class InferenceActor:
 
         process_restarts = actors(actor_id=ray.get_runtime_context().get_actor_id())["NumRestarts"]
         return process_restarts + self.host.restarts()
+
+    @ray.method(concurrency_group="control")
+    def placement(self) -> dict[str, Any]:
+        """Where this actor runs: the GPUs Ray gave it and the device its sampler's policy is on."""
+        return {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "device": str(self.host.device)}
 
     @ray.method(concurrency_group="control")
     def policy_version(self) -> int:
@@ -381,10 +394,24 @@ def _init_ray(config: Config) -> bool:
     # A new local cluster uses token authentication (Ray's default, which it logs once). Setting
     # RAY_AUTH_MODE=token here to silence that would break it: Ray reads the mode at import.
     services = config.services
+    local = not services.ray_address
     ray.init(address=services.ray_address or None,
-             num_cpus=None if services.ray_address else services.ray_num_cpus or None,
+             num_cpus=services.ray_num_cpus or None if local else None,
+             num_gpus=services.ray_num_gpus or None if local else None,
              include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     return True
+
+
+def check_gpu_requests(services: Any, cluster_gpus: float) -> None:
+    """Refuse actors that ask for more GPUs than the cluster has: Ray would keep them pending, and
+    the run would wait for an engine that never starts."""
+    from opencomposer.config import ConfigError
+
+    for name in ("ray_inference_gpus", "ray_evaluation_gpus"):
+        asked = getattr(services, name)
+        if asked > cluster_gpus:
+            raise ConfigError(f"services.{name} = {asked:g}, but the Ray cluster has {cluster_gpus:g} GPUs; "
+                              "lower it, or join a cluster with GPUs (services.ray_address)")
 
 
 class RayServices:
@@ -411,17 +438,21 @@ class RayServices:
             # every episode of every worker may wait in generate at once, and a dead worker's calls
             # may still be draining
             concurrency = 2 * run.workers_count * config.rl.group_size + 8
-            inference = InferenceActor.options(max_concurrency=concurrency).remote(
+            services = config.services
+            check_gpu_requests(services, ray.cluster_resources().get("GPU", 0.0))
+            inference = InferenceActor.options(max_concurrency=concurrency, num_gpus=services.ray_inference_gpus).remote(
                 initial, config, run.store.url, run.state.step)
             self._actors.append(inference)
             if run.heldout:
-                evaluation = EvaluationActor.remote(initial, config, run.heldout, run.store.url)
+                evaluation = EvaluationActor.options(num_gpus=services.ray_evaluation_gpus).remote(
+                    initial, config, run.heldout, run.store.url)
                 self._actors.append(evaluation)
                 self.evaluation = EvaluationClient(evaluation)
             with self._lock:
                 self._starting = {i: self._worker_actor(i, inference) for i in range(run.workers_count)}
             self.inference = RayInference(inference, "trainer", run.tokenizer)
             ray.get(inference.max_positions.remote(), timeout=STARTUP_TIMEOUT_S)  # its engine is built
+            log.info("inference actor: %s", ray.get(inference.placement.remote()))
         except BaseException:
             self.shutdown()
             raise
