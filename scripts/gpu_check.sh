@@ -51,11 +51,13 @@ print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), vllm {version}, "
 print(int(found))
 EOF
 )
+has_vllm=${has_vllm##*$'\n'}  # the last line: vLLM may log to stdout on import
 has_model=1
-"$PY" -m opencomposer.cli models fetch smollm2 >/dev/null 2>&1 || has_model=0
+"$PY" -m opencomposer.cli models fetch smollm2 >/dev/null 2>/tmp/gpu_check_fetch.log || {
+  has_model=0; echo "SmolLM2 not fetched ($(tail -1 /tmp/gpu_check_fetch.log)): the throughput table is left out"; }
 
 echo "== gpu-marked tests"
-"$PY" -m pytest -q -rxs -m gpu tests/gpu tests/inference/test_vllm_engine.py -p no:cacheprovider --timeout 300
+"$PY" -m pytest -q -rxs -m gpu tests/gpu tests/inference/test_vllm_engine.py -p no:cacheprovider --timeout 900
 
 if [ "$has_vllm" = "1" ] && [ "$has_model" = "1" ]; then
   echo "== throughput (SmolLM2-135M, bfloat16, one GPU)"

@@ -106,3 +106,12 @@ def test_importing_config_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_router_replay_on_vllm_needs_its_prefix_cache():
+    """vLLM reports a MoE's routes only with its prefix cache on: replay without it would fail at
+    the first train step, after a whole step of sampling, so the recipe is refused up front."""
+    with pytest.raises(ConfigError, match=r"rl\.router_replay = 'replay' replays the routes .*inference\.enable_prefix_caching"):
+        load_recipe(None, ["inference.backend=vllm", "inference.enable_prefix_caching=false", "rl.router_replay=replay"])
+    load_recipe(None, ["inference.backend=vllm", "inference.enable_prefix_caching=false"])  # replay off
+    load_recipe(None, ["inference.enable_prefix_caching=false", "rl.router_replay=replay"])  # the local sampler

@@ -521,6 +521,7 @@ def test_http_engine_speaks_token_ids_and_refuses_what_it_cannot_do(monkeypatch)
     assert path == "/completions" and body["prompt"] in ([1, 2], [3]) and body["return_tokens_as_token_ids"]
     assert body["logprobs"] == 0 and body["top_k"] == 5 and body["stop_token_ids"] == [9] and body["n"] == 1
     assert body["min_p"] == 0.0 and body["repetition_penalty"] == 1.0  # never the checkpoint's defaults
+    assert body["presence_penalty"] == body["frequency_penalty"] == 0.0
     assert engine.body([1], SamplingParams(max_new_tokens=1), 0)["top_k"] == 0  # sent when off too
     assert len({b["seed"] for _, b in calls}) == 4  # one seed per row
     with pytest.raises(adapter.EngineError, match="cannot take new weights"):

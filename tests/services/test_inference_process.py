@@ -176,13 +176,12 @@ def test_a_dead_engine_is_closed_before_the_next_one_starts(monkeypatch):
     assert events == ["build 1", "close 1", "build 2", "close 2", "build 3"]
 
 
-def test_a_service_process_samples_on_the_run_device_and_says_when_it_cannot(tmp_path: Path, tiny_moe, monkeypatch,
-                                                                               caplog):
+def test_a_service_process_samples_on_the_run_device(tmp_path: Path, tiny_moe, monkeypatch):
     """``load_policy`` (the policy of the inference process and of the Ray actors): on ``run.device``
-    for the in-process sampler, on the CPU for vLLM's template; a process that sees no GPU samples on
-    the CPU with a warning rather than failing or pretending."""
+    for the in-process sampler, on the CPU for vLLM's template and in a Ray actor given no GPU; a
+    ``run.device = "cuda"`` that the process cannot have is an error, not a quiet CPU run."""
     import opencomposer.model.device as device_module
-    from opencomposer.config import load_recipe
+    from opencomposer.config import ConfigError, load_recipe
     from opencomposer.model.loading import save_checkpoint
     from opencomposer.services.inference import load_policy
 
@@ -195,8 +194,8 @@ def test_a_service_process_samples_on_the_run_device_and_says_when_it_cannot(tmp
     assert asked == ["cpu"] and next(policy.parameters()).device.type == "cpu"
     policy, _ = load_policy(str(tmp_path / "initial"), load_recipe(None, ["inference.backend=vllm"]))
     assert asked == ["cpu"]  # vLLM loads the saved folder itself: the template stays on the CPU
+    policy, _ = load_policy(str(tmp_path / "initial"), load_recipe(None, ["run.device=cuda"]), gpu=False)
+    assert asked == ["cpu"] and next(policy.parameters()).device.type == "cpu"  # a Ray actor given no GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with caplog.at_level("WARNING", logger="opencomposer.services.inference"):
-        policy, _ = load_policy(str(tmp_path / "initial"), load_recipe(None, ["run.device=cuda"]))
-    assert next(policy.parameters()).device.type == "cpu"
-    assert "runs on the CPU" in caplog.text and "run.device = 'cuda'" in caplog.text
+    with pytest.raises(ConfigError, match="run.device = 'cuda', but torch sees no CUDA device"):
+        load_policy(str(tmp_path / "initial"), load_recipe(None, ["run.device=cuda"]))

@@ -133,14 +133,27 @@ def test_killed_actors_a_worker_replaced_and_inference_restarted_and_the_run_fin
             assert json.loads(line)["status"] != "infra_error", line
 
 
-def test_gpu_requests_beyond_the_cluster_are_refused_before_any_actor_starts():
+def test_gpu_requests_ray_could_never_place_are_refused_before_any_actor_starts(caplog):
     from opencomposer.config import ConfigError, ServicesConfig
     from opencomposer.services.ray_backend import check_gpu_requests
 
-    check_gpu_requests(ServicesConfig(ray_inference_gpus=1, ray_evaluation_gpus=0.5), 2.0)
-    with pytest.raises(ConfigError, match=r"services.ray_inference_gpus = 1, but the Ray cluster has 0 GPUs"):
-        check_gpu_requests(ServicesConfig(ray_inference_gpus=1), 0.0)
-    with pytest.raises(ConfigError, match=r"services.ray_evaluation_gpus = 2.*has 1 GPUs"):
-        check_gpu_requests(ServicesConfig(ray_evaluation_gpus=2), 1.0)
-    with pytest.raises(ConfigError, match="services.ray_num_gpus: must be >= 0"):
-        ServicesConfig(ray_num_gpus=-1)
+    def config(*sets: str):
+        return load_recipe(None, ["run.device=cpu", *sets])
+
+    check_gpu_requests(config("services.ray_inference_gpus=1", "services.ray_evaluation_gpus=0.5"), [2.0], True)
+    check_gpu_requests(config("services.ray_inference_gpus=1", "services.ray_evaluation_gpus=1"), [1.0], False)
+    with pytest.raises(ConfigError, match=r"ray_inference_gpus = 1, but no node .* \(the most on one: 0\)"):
+        check_gpu_requests(config("services.ray_inference_gpus=1"), [], True)
+    with pytest.raises(ConfigError, match=r"ray_inference_gpus = 2, but no node"):  # two 1-GPU nodes
+        check_gpu_requests(config("services.ray_inference_gpus=2"), [1.0, 1.0], True)
+    with pytest.raises(ConfigError, match=r"\+ ray_evaluation_gpus = 2, but the Ray cluster has 1 GPUs"):
+        check_gpu_requests(config("services.ray_inference_gpus=1", "services.ray_evaluation_gpus=1"), [1.0], True)
+    with pytest.raises(ConfigError, match="fewer than the 2 GPUs of inference.tensor_parallel_size"):
+        check_gpu_requests(config("services.ray_inference_gpus=1", "inference.backend=vllm",
+                                  "inference.tensor_parallel_size=2"), [8.0], True)
+    with caplog.at_level("WARNING", logger="opencomposer.services.ray_backend"):
+        check_gpu_requests(load_recipe(None, ["run.device=cuda"]), [8.0], True)
+    assert "samples on the CPU of its node" in caplog.text
+    for bad in (-1, 1.5):
+        with pytest.raises(ConfigError, match="services.ray_inference_gpus: expected >= 0"):
+            ServicesConfig(ray_inference_gpus=bad)

@@ -57,6 +57,10 @@ class Config(Section):
             if degree > 1 and size > 1 and size % degree:
                 raise ConfigError(f"parallel.{axis} = {degree}: trainer.world_size = {size} is not a multiple of it "
                                   f"(each {'context' if axis == 'cp' else 'expert'}-parallel group is {degree} ranks)")
+        if self.inference.backend == "vllm" and self.rl.router_replay != "off" and not self.inference.enable_prefix_caching:
+            raise ConfigError(f"rl.router_replay = {self.rl.router_replay!r} replays the routes the sampler reports, and "
+                              "vLLM reports them only with its prefix cache on: set inference.enable_prefix_caching = "
+                              "true (or rl.router_replay = \"off\")")
         if self.trainer.optimizer_checkpoint == "sharded" and self.parallel.ep > 1:
             raise ConfigError("trainer.optimizer_checkpoint = \"sharded\" writes FSDP's shards; with parallel.ep > 1 "
                               "the expert shards are per-rank tensors it cannot place: use \"full\" (the default)")

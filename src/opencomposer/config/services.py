@@ -58,8 +58,10 @@ class ServicesConfig(Section):
     ray_num_cpus: int = 0
     """CPUs of the local Ray cluster; 0 lets Ray count them."""
     ray_num_gpus: int = 0
-    """GPUs of the local Ray cluster; 0 lets Ray count them. Fewer than the machine has keeps the
-    rest for the trainer (the driver; choose which with ``CUDA_VISIBLE_DEVICES``)."""
+    """GPUs of the local Ray cluster; 0 lets Ray count those this process sees (ignored when joining
+    a cluster: ``ray start --num-gpus`` set it there). Ray hands them out from the first, which the
+    trainer uses too: to keep sampler and trainer apart on one node, start Ray on the sampler's
+    GPUs yourself and join it (``ray_address``; docs/gpu.md)."""
     ray_inference_gpus: float = 0.0
     """GPUs the inference actor asks Ray for (``num_gpus``): 1 for a vLLM engine or a local sampler
     on ``run.device = "cuda"``, a fraction to share one; 0 (default) samples on the CPU of its node."""
@@ -74,8 +76,10 @@ class ServicesConfig(Section):
         if self.keep_versions < 0 or self.max_retries < 0 or self.ray_num_cpus < 0:
             raise ConfigError("services.keep_versions, services.max_retries and services.ray_num_cpus: must be >= 0")
         for name in ("ray_num_gpus", "ray_inference_gpus", "ray_evaluation_gpus"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"services.{name}: must be >= 0, got {getattr(self, name)}")
+            gpus = getattr(self, name)
+            if gpus < 0 or (gpus > 1 and gpus != int(gpus)):
+                raise ConfigError(f"services.{name}: expected >= 0, a fraction of one GPU or a whole number, "
+                                  f"got {gpus}")
         if self.heartbeat_s <= 0 or self.worker_timeout_s <= self.heartbeat_s:
             raise ConfigError(
                 f"services.heartbeat_s ({self.heartbeat_s}) must be > 0 and below services.worker_timeout_s "

@@ -76,9 +76,9 @@ that it can act between two steps:
   and a trainer's publish may call from anywhere.
 
 **HttpEngine** samples from a server's ``/v1/completions`` with token ids as the prompt and
-vLLM's extensions (``return_tokens_as_token_ids``, ``stop_token_ids``; ``top_k``, ``min_p`` and
-``repetition_penalty`` always sent, so the checkpoint's generation config fills none of them) so
-the tokens come back as ids, with the logprob of each sampled token. Those logprobs are of whatever
+vLLM's extensions (``return_tokens_as_token_ids``, ``stop_token_ids``; ``top_k`` (0: off, which
+vLLM >= 0.8 accepts), ``min_p``, and the penalties always sent, so the checkpoint's generation
+config fills none of them) so the tokens come back as ids, with the logprob of each sampled token. Those logprobs are of whatever
 distribution the server was started with (``vllm serve --logprobs-mode``; by default the raw
 softmax, not the project's), the server takes no weights from the trainer, and it returns no
 routes: the factory refuses it for RL and evaluation, and ``load_weights`` raises.
@@ -627,6 +627,7 @@ class HttpEngine:
             # generation_config.json, and the tokens would come from another distribution than the
             # one the trainer scores
             "top_k": params.top_k, "min_p": 0.0, "repetition_penalty": 1.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0,
         }
         if params.stop:
             body["stop"] = list(params.stop)

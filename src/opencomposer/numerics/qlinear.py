@@ -120,16 +120,18 @@ class QuantizedMatmul(torch.autograd.Function):
     """``y [T, N] = x [T, K] @ w [N, K].T`` with every operand quantised per ``MatmulRecipe``."""
 
     # Under bf16 autocast the operands can differ in dtype (bf16 activations, float32 weights) and
-    # autocast does not reach the backward: both passes run outside it, in the wider of the two
-    # dtypes (the quantised values are exact in either), and each gradient in its input's dtype.
+    # autocast does not reach the backward: both passes run outside it, every operand cast to the
+    # wider of the dtypes before it is quantised (an NVFP4 value need not fit in bf16), and each
+    # gradient comes back in its input's dtype. So such a layer returns float32 under autocast
+    # with float32 weights; with operands of one dtype nothing changes.
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, recipe: MatmulRecipe) -> torch.Tensor:
         ctx.recipe = recipe
         ctx.save_for_backward(x, weight)
         dtype = torch.promote_types(x.dtype, weight.dtype)
         with torch.autocast(x.device.type, enabled=False):
-            return (fake_quantize(x, recipe.forward_input).to(dtype)
-                    @ fake_quantize(weight, recipe.forward_weight).to(dtype).T)
+            x_q = fake_quantize(x.to(dtype), recipe.forward_input)
+            return x_q @ fake_quantize(weight.to(dtype), recipe.forward_weight).T
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # grad_out [T, N]
@@ -139,11 +141,11 @@ class QuantizedMatmul(torch.autograd.Function):
         grad_x = grad_weight = None
         with torch.autocast(x.device.type, enabled=False):
             if ctx.needs_input_grad[0]:  # [T, N] @ [N, K], reduction over N
-                grad_x = (fake_quantize(grad_out, recipe.backward_grad, dim=-1).to(dtype)
-                          @ fake_quantize(weight, recipe.backward_operand, dim=0).to(dtype)).to(x.dtype)
+                grad_x = (fake_quantize(grad_out.to(dtype), recipe.backward_grad, dim=-1)
+                          @ fake_quantize(weight.to(dtype), recipe.backward_operand, dim=0)).to(x.dtype)
             if ctx.needs_input_grad[1]:  # [N, T] @ [T, K], reduction over T
-                grad_weight = (fake_quantize(grad_out, recipe.backward_grad, dim=0).to(dtype).T
-                               @ fake_quantize(x, recipe.backward_operand, dim=0).to(dtype)).to(weight.dtype)
+                grad_weight = (fake_quantize(grad_out.to(dtype), recipe.backward_grad, dim=0).T
+                               @ fake_quantize(x.to(dtype), recipe.backward_operand, dim=0)).to(weight.dtype)
         return grad_x, grad_weight, None
 
 

@@ -299,7 +299,7 @@ def check_not_all_failed(groups: list[Group], step: int) -> None:
     one task is left to the usual drop: that task's own environment may be what is broken, and
     stopping would meet it again on every resume."""
     episodes = [e for g in groups for e in g.episodes]
-    if len(groups) < 2 or any(e.status != EpisodeStatus.INFRA_ERROR for e in episodes):
+    if len(groups) < 2 or not episodes or any(e.status != EpisodeStatus.INFRA_ERROR for e in episodes):
         return
     raise InfrastructureDown(
         f"every episode of step {step} ({len(episodes)}) failed on infrastructure, not the policy; the first: "

@@ -30,7 +30,7 @@ before its version is published, so with ``rl.checkpoint_every = 1`` that never 
 dropped, as in the synchronous loop. A step whose every episode, over two tasks or more, failed on
 infrastructure stops the run with ``InfrastructureDown`` before anything of it is trained or
 recorded (``rl.loop.check_not_all_failed``); on resume, a checkpointed group in which nothing ran
-is sampled again rather than restored.
+(every episode an infrastructure failure) is sampled again rather than restored.
 
 **More processes** (``trainer.world_size > 1``, ``parallel.cp``/``ep``): rank 0 runs all of the
 above with the policy sharded (``DataParallelAsyncRLRun``), the other ranks only train.
@@ -204,7 +204,7 @@ class AsyncRLRun(RLRun):
                 continue
             episodes = item.group.episodes
             if episodes and all(e.status == EpisodeStatus.INFRA_ERROR for e in episodes):
-                continue  # nothing ran (the infrastructure was down): sample it again, not drop it
+                continue  # every episode failed on infrastructure: sample it again, not drop it
             reconciler.restore(index, item.group, item.admitted_version)
         self.groups.remove([i for i in stored if i not in reconciler.slots])
         return reconciler

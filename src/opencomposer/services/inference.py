@@ -169,24 +169,20 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def load_policy(folder: str, config: Any) -> tuple[torch.nn.Module, Any]:
+def load_policy(folder: str, config: Any, gpu: bool = True) -> tuple[torch.nn.Module, Any]:
     """In a service's own process: the model and tokenizer saved in ``folder`` (the run's
     ``initial``), converted to the ``[numerics]`` format as ``RLRun`` converts the policy that the
     in-process services copy (the state dict is the same either way). On ``run.device`` when the
-    engine is the in-process sampler (``inference.backend = "local"``), as the trainer's own copy
-    would be; on the CPU otherwise, where it is only the template vLLM loads from. A process that
-    sees no GPU (a Ray actor, which asks Ray for none yet: docs/gpu.md) samples on the CPU, and says so."""
-    from opencomposer.config import ConfigError, ModelConfig
+    engine is the in-process sampler (``inference.backend = "local"``) and the process may use a
+    GPU (``gpu``: False for a Ray actor that Ray gave none), as the trainer's own copy would be;
+    on the CPU otherwise (for vLLM it is only the template vLLM loads from)."""
+    from opencomposer.config import ModelConfig
     from opencomposer.model.device import resolve_device
     from opencomposer.model.loading import load_model
     from opencomposer.numerics.convert import convert_model
 
-    device = torch.device("cpu")
-    if config.inference.backend == "local":
-        try:
-            device = resolve_device(config.run.device)
-        except ConfigError as e:
-            log.warning("the sampler of this process runs on the CPU: %s", e)
+    local = config.inference.backend == "local" and gpu
+    device = resolve_device(config.run.device) if local else torch.device("cpu")
     model, tokenizer = load_model(ModelConfig(kind="hf", path=folder, dtype=config.model.dtype), device=device)
     convert_model(model, config.numerics)
     return model, tokenizer
@@ -200,11 +196,11 @@ class InferenceHost:
     their callers and grouped by owner (an environment worker), so a dead worker's sessions can be
     closed for it; a name it does not know (opened before a restart of this process) opens now."""
 
-    def __init__(self, folder: str, config: Any, store_url: str, version: int | None):
+    def __init__(self, folder: str, config: Any, store_url: str, version: int | None, gpu: bool = True):
         from opencomposer.services.weights import WeightStore
 
         set_threads(config.run.threads)
-        model, tokenizer = load_policy(folder, config)
+        model, tokenizer = load_policy(folder, config, gpu)
         self.device = next(model.parameters()).device
         self.store = WeightStore(store_url)
         self.subscriber = self.store.subscribe()

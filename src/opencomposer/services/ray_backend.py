@@ -44,7 +44,7 @@ what this backend adds, actors killed with ``ray.kill`` (a worker, the inference
 tested here. Ray is imported only by this module.
 
 **GPUs.** The inference and evaluation actors ask Ray for ``services.ray_inference_gpus`` and
-``services.ray_evaluation_gpus`` GPUs (0 by default: they sample on their node's CPU); Ray
+``services.ray_evaluation_gpus`` GPUs (0 by default: they sample on their node's CPU, whatever GPUs it has); Ray
 schedules each on a node with that many free and sets its ``CUDA_VISIBLE_DEVICES``, and the
 actor's policy goes to ``run.device`` (``services.inference.load_policy``). A request beyond
 the cluster's GPUs is refused before any actor starts (``check_gpu_requests``); the
@@ -155,7 +155,8 @@ class InferenceActor:
 
         if ray.get_runtime_context().was_current_actor_reconstructed:
             version = None  # a restart serves the newest version, as the embedded service's
-        self.host = InferenceHost(folder, config, store_url, version)
+        # an actor Ray gave no GPU still sees the node's (Ray >= 2.49 leaves CUDA_VISIBLE_DEVICES): the CPU
+        self.host = InferenceHost(folder, config, store_url, version, gpu=bool(ray.get_gpu_ids()))
 
     @ray.method(concurrency_group="control")
     def max_positions(self) -> int:
@@ -173,7 +174,8 @@ class InferenceActor:
 
     @ray.method(concurrency_group="control")
     def placement(self) -> dict[str, Any]:
-        """Where this actor runs: the GPUs Ray gave it and the device its sampler's policy is on."""
+        """Where this actor runs: its node, the GPUs Ray gave it, and the device of its policy (the
+        local sampler's; for vLLM the CPU template, vLLM itself taking the GPUs)."""
         return {"node": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
                 "device": str(self.host.device)}
 
@@ -349,7 +351,7 @@ class EvaluationActor:
         from opencomposer.services.weights import WeightStore
 
         set_threads(config.run.threads)
-        model, tokenizer = load_policy(folder, config)
+        model, tokenizer = load_policy(folder, config, gpu=bool(ray.get_gpu_ids()))
         self.service = EvaluationService(model, tokenizer, config, tasks, WeightStore(store_url).load,
                                          _grader(config))
 
@@ -396,22 +398,37 @@ def _init_ray(config: Config) -> bool:
     services = config.services
     local = not services.ray_address
     ray.init(address=services.ray_address or None,
-             num_cpus=services.ray_num_cpus or None if local else None,
-             num_gpus=services.ray_num_gpus or None if local else None,
+             num_cpus=(services.ray_num_cpus or None) if local else None,
+             num_gpus=(services.ray_num_gpus or None) if local else None,
              include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     return True
 
 
-def check_gpu_requests(services: Any, cluster_gpus: float) -> None:
-    """Refuse actors that ask for more GPUs than the cluster has: Ray would keep them pending, and
-    the run would wait for an engine that never starts."""
+def check_gpu_requests(config: Config, node_gpus: list[float], evaluation: bool) -> None:
+    """Refuse GPU requests Ray could never place (``node_gpus``: each node's GPUs): Ray would keep
+    the actor pending, and the run would wait for an engine that never starts. An actor's GPUs are
+    on one node; the inference and evaluation actors together need the cluster to hold both."""
     from opencomposer.config import ConfigError
 
-    for name in ("ray_inference_gpus", "ray_evaluation_gpus"):
-        asked = getattr(services, name)
-        if asked > cluster_gpus:
-            raise ConfigError(f"services.{name} = {asked:g}, but the Ray cluster has {cluster_gpus:g} GPUs; "
-                              "lower it, or join a cluster with GPUs (services.ray_address)")
+    services = config.services
+    asked = {"ray_inference_gpus": services.ray_inference_gpus,
+             "ray_evaluation_gpus": services.ray_evaluation_gpus if evaluation else 0.0}
+    largest, total = max(node_gpus, default=0.0), sum(node_gpus)
+    for name, gpus in asked.items():
+        if gpus > largest:
+            raise ConfigError(f"services.{name} = {gpus:g}, but no node of the Ray cluster has that many GPUs "
+                              f"(the most on one: {largest:g}); lower it, or join a cluster with GPUs (services.ray_address)")
+    if sum(asked.values()) > total:
+        raise ConfigError(f"services.ray_inference_gpus + ray_evaluation_gpus = {sum(asked.values()):g}, but the Ray "
+                          f"cluster has {total:g} GPUs: the evaluation actor would never start; share one with "
+                          "fractions (0.5 each) or give the cluster more")
+    tp = config.inference.tensor_parallel_size
+    if config.inference.backend == "vllm" and 0 < services.ray_inference_gpus < tp:
+        raise ConfigError(f"services.ray_inference_gpus = {services.ray_inference_gpus:g} is fewer than the "
+                          f"{tp} GPUs of inference.tensor_parallel_size")
+    if config.run.device != "cpu" and config.inference.backend == "local" and not services.ray_inference_gpus:
+        log.warning("services.ray_inference_gpus = 0: the inference actor asks Ray for no GPU and samples on the "
+                    "CPU of its node; set it to 1 to sample on a GPU")
 
 
 class RayServices:
@@ -439,9 +456,10 @@ class RayServices:
             # may still be draining
             concurrency = 2 * run.workers_count * config.rl.group_size + 8
             services = config.services
-            check_gpu_requests(services, ray.cluster_resources().get("GPU", 0.0))
-            inference = InferenceActor.options(max_concurrency=concurrency, num_gpus=services.ray_inference_gpus).remote(
-                initial, config, run.store.url, run.state.step)
+            nodes = [node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node.get("Alive")]
+            check_gpu_requests(config, nodes, evaluation=bool(run.heldout))
+            inference = InferenceActor.options(max_concurrency=concurrency, num_gpus=services.ray_inference_gpus)
+            inference = inference.remote(initial, config, run.store.url, run.state.step)
             self._actors.append(inference)
             if run.heldout:
                 evaluation = EvaluationActor.options(num_gpus=services.ray_evaluation_gpus).remote(

@@ -135,6 +135,11 @@ def _scored_mask(batch: TrainBatch, device: torch.device) -> torch.Tensor:
     return keep
 
 
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 at least (half precision upcast, float64 kept)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def autocast(device: torch.device, bf16: bool):
     """bf16 autocast on ``device`` when asked, else nothing (parameters stay in their dtype)."""
     if not bf16:
@@ -205,7 +210,7 @@ def token_logprobs(
             with routed((slice(None), slice(None))), documents:
                 out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                             logits_to_keep=seq - start if keep is None else keep)
-    logits = out.logits if temperature == 1.0 else out.logits.float() / temperature  # not in bf16
+    logits = out.logits if temperature == 1.0 else widened(out.logits) / temperature  # not in bf16
     if keep is not None and keep.dtype == torch.bool:  # [kept, vocab]: the kept positions of every row
         logprobs, entropy = token_logprobs_and_entropy(logits[None], target_ids[keep][None], top_p, top_k)
         full_logprobs = logprobs.new_zeros(rows, seq).masked_scatter(keep, logprobs[0])
@@ -259,7 +264,7 @@ def cp_token_logprobs(model: torch.nn.Module, batch: Any, group: Any = None, *, 
     with autocast(device, bf16):
         out = cp_forward(model, batch.input_ids.to(device), batch.position_ids.to(device), group,
                          routes=None if batch.routes is None else batch.routes.to(device), replay=replay)
-    logits = out.logits if temperature == 1.0 else out.logits.float() / temperature  # not in bf16
+    logits = out.logits if temperature == 1.0 else widened(out.logits) / temperature  # not in bf16
     targets = split_sequence(batch.target_ids.to(device), cp, rank)
     logprobs, entropy = token_logprobs_and_entropy(logits, targets, top_p, top_k)
     return logprobs, entropy if with_entropy else None
