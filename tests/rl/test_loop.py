@@ -107,6 +107,31 @@ def test_only_a_step_failed_on_infrastructure_across_tasks_stops_the_run():
         check_not_all_failed([group("a", down, down), group("b", down, down)], 4)
 
 
+def engine_dies_after_the_first_checkpoint(monkeypatch) -> dict[str, bool]:
+    """From the first checkpoint on, every ``LocalEngine.generate`` fails (the synchronous loop's
+    and the async services' alike) until the caller sets ``["dead"]`` back to False."""
+    from opencomposer.inference.local import LocalEngine
+    from opencomposer.rl.loop import RLRun
+
+    state = {"dead": False, "checkpoints": 0}
+    generate, checkpoint = LocalEngine.generate, RLRun.checkpoint
+
+    def failing_generate(self, *args, **kwargs):
+        if state["dead"]:
+            raise RuntimeError("the GPU fell off the bus")
+        return generate(self, *args, **kwargs)
+
+    def checkpoint_then_die(self):
+        path = checkpoint(self)
+        state["checkpoints"] += 1
+        state["dead"] = state["dead"] or state["checkpoints"] == 1
+        return path
+
+    monkeypatch.setattr(LocalEngine, "generate", failing_generate)
+    monkeypatch.setattr(RLRun, "checkpoint", checkpoint_then_die)
+    return state
+
+
 @pytest.mark.integration
 @pytest.mark.bwrap
 def test_a_step_whose_every_episode_fails_on_infrastructure_stops_the_run_and_resumes(tmp_path, monkeypatch):
@@ -114,23 +139,9 @@ def test_a_step_whose_every_episode_fails_on_infrastructure_stops_the_run_and_re
     than train (and record as dropped) step after step of nothing, the run stops at the first such
     step with the error, before recording it; the same command then resumes from the checkpoint
     before it and samples those prompts again."""
-    from opencomposer.inference.local import LocalEngine
-    from opencomposer.rl.loop import InfrastructureDown, RLRun, run_rl
+    from opencomposer.rl.loop import InfrastructureDown, run_rl
 
-    dead = {"engine": False}
-    generate, checkpoint = LocalEngine.generate, RLRun.checkpoint
-
-    def failing_generate(self, *args, **kwargs):
-        if dead["engine"]:
-            raise RuntimeError("the GPU fell off the bus")
-        return generate(self, *args, **kwargs)
-
-    def checkpoint_then_die(self):
-        checkpoint(self)
-        dead["engine"] = True  # after step 1's checkpoint, every call fails
-
-    monkeypatch.setattr(LocalEngine, "generate", failing_generate)
-    monkeypatch.setattr(RLRun, "checkpoint", checkpoint_then_die)
+    engine = engine_dies_after_the_first_checkpoint(monkeypatch)  # after step 1's checkpoint
     overrides = [*SMALL_RUN, f"run.out_dir={tmp_path}", "run.name=down", "rl.eval_every=0", "rl.steps=3"]
     with pytest.raises(InfrastructureDown, match=r"every episode of step 2 \(4\).*GPU fell off the bus"):
         run_rl(load_recipe(None, overrides), progress=False)
@@ -139,8 +150,7 @@ def test_a_step_whose_every_episode_fails_on_infrastructure_stops_the_run_and_re
     assert [(r["kind"], r["step"]) for r in rows] == [("train", 1)]  # step 2 left no trace
     assert not (run_dir / "rollouts" / "step-000002.jsonl").exists()
 
-    monkeypatch.setattr(RLRun, "checkpoint", checkpoint)
-    dead["engine"] = False  # fixed; the same command resumes at step 1
+    engine["dead"] = False  # fixed; the same command resumes at step 1
     summary = run_rl(load_recipe(None, overrides), progress=False)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert summary.steps == 3 and [r["step"] for r in rows] == [1, 2, 3]

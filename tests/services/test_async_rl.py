@@ -173,26 +173,11 @@ def test_a_step_whose_every_episode_fails_on_infrastructure_stops_and_resumes(tm
     only infrastructure errors. The run stops with ``InfrastructureDown`` before training or
     recording them; the resume samples those groups again (their checkpoints are not restored:
     nothing ran in them) and finishes with every task trained once and no infrastructure error."""
-    from opencomposer.inference.local import LocalEngine
-    from opencomposer.rl.loop import RLRun
     from opencomposer.services.async_rl import run_async
     from opencomposer.types import InfrastructureDown
+    from tests.rl.test_loop import engine_dies_after_the_first_checkpoint
 
-    dead = {"engine": False}
-    generate, checkpoint = LocalEngine.generate, RLRun.checkpoint
-
-    def failing_generate(self, *args, **kwargs):
-        if dead["engine"]:
-            raise RuntimeError("the GPU fell off the bus")
-        return generate(self, *args, **kwargs)
-
-    def checkpoint_then_die(self):
-        path = checkpoint(self)
-        dead["engine"] = True
-        return path
-
-    monkeypatch.setattr(LocalEngine, "generate", failing_generate)
-    monkeypatch.setattr(RLRun, "checkpoint", checkpoint_then_die)
+    engine = engine_dies_after_the_first_checkpoint(monkeypatch)
     config = config_for(tmp_path, "down", "rl.steps=3", "rl.checkpoint_every=1", "rl.mode=async",
                         "rl.max_staleness=0")
     with pytest.raises(InfrastructureDown, match=r"every episode of step 2 \(8\).*GPU fell off the bus"):
@@ -202,8 +187,7 @@ def test_a_step_whose_every_episode_fails_on_infrastructure_stops_and_resumes(tm
     assert [r["index"] for r in record(run_dir)] == [0, 1]
     assert list((run_dir / "groups").glob("*.pkl")), "step 2's failed groups were checkpointed"
 
-    monkeypatch.setattr(RLRun, "checkpoint", checkpoint)
-    dead["engine"] = False  # fixed; the same command resumes at step 1
+    engine["dead"] = False  # fixed; the same command resumes at step 1
     runs = []
     run_async(config, progress=False, on_run=runs.append)
     assert runs[0].reconciler.stats.restored == 0  # the failed groups were sampled again
