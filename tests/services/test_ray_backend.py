@@ -133,7 +133,7 @@ def test_killed_actors_a_worker_replaced_and_inference_restarted_and_the_run_fin
             assert json.loads(line)["status"] != "infra_error", line
 
 
-def test_gpu_requests_ray_could_never_place_are_refused_before_any_actor_starts(caplog):
+def test_gpu_requests_ray_could_never_place_are_refused_before_any_actor_starts(caplog, monkeypatch):
     from opencomposer.config import ConfigError, ServicesConfig
     from opencomposer.services.ray_backend import check_gpu_requests
 
@@ -152,7 +152,11 @@ def test_gpu_requests_ray_could_never_place_are_refused_before_any_actor_starts(
         check_gpu_requests(config("services.ray_inference_gpus=1", "inference.backend=vllm",
                                   "inference.tensor_parallel_size=2"), [8.0], True)
     with caplog.at_level("WARNING", logger="opencomposer.services.ray_backend"):
-        check_gpu_requests(load_recipe(None, ["run.device=cuda"]), [8.0], True)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        check_gpu_requests(load_recipe(None, ["run.device=auto"]), [8.0], True)  # the trainer on the CPU
+        assert "samples on the CPU" not in caplog.text
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        check_gpu_requests(load_recipe(None, ["run.device=auto"]), [8.0], True)
     assert "samples on the CPU of its node" in caplog.text
     for bad in (-1, 1.5):
         with pytest.raises(ConfigError, match="services.ray_inference_gpus: expected >= 0"):

@@ -31,6 +31,11 @@ from __future__ import annotations
 import torch
 
 
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 at least: half precision upcast, float64 kept."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def truncates(top_p: float, top_k: int) -> bool:
     """Whether ``top_p`` / ``top_k`` cut anything (``top_p = 1`` and ``top_k = 0`` do not)."""
     return top_k > 0 or top_p < 1.0
@@ -47,7 +52,7 @@ def kept_tokens(scaled_logits: torch.Tensor, top_p: float = 1.0, top_k: int = 0)
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
     if not truncates(top_p, top_k):
         return torch.ones_like(scaled_logits, dtype=torch.bool)
-    probs = torch.softmax(scaled_logits.to(torch.promote_types(scaled_logits.dtype, torch.float32)), dim=-1)
+    probs = torch.softmax(widened(scaled_logits), dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # [..., V]
     keep_sorted = torch.ones_like(sorted_probs, dtype=torch.bool)
     if top_k:

@@ -17,8 +17,8 @@ that it can act between two steps:
 - *Which log-probabilities.* The ``LLM`` is built with ``logprobs_mode="processed_logprobs"`` and
   every request asks for ``logprobs=0`` (the sampled token's only). vLLM's sampler (its V1 model
   runner's, or the V2 runner's, the default on CUDA) then returns, for the sampled token, the
-  log-softmax of the logits after its processing: penalties
-  and logit bias (none are set here), temperature, min-p (0 here), then the top-k / top-p mask,
+  log-softmax of the logits after its processing: penalties and logit bias (none are set
+  here), temperature, min-p (0 here), then the top-k / top-p mask,
   i.e. ``log π_cut`` of ``inference.sampling``, the distribution the token was drawn from and the
   one the trainer scores. At temperature 0 (greedy) vLLM returns the log-softmax of the
   unscaled logits, as ``LocalEngine`` does. vLLM's default, ``raw_logprobs``, would be the full
@@ -58,8 +58,8 @@ that it can act between two steps:
   worker has it, else the model's ``load_weights``; either way vLLM's own loader, in place
   (parameter storage and CUDA graphs stay valid), from the checkpoint names ``checkpoint_names``
   rebuilds (transformers 5 fuses a MoE's experts into one tensor; vLLM loads them per expert).
-  What vLLM allows, and what this relies on: weights may be replaced between steps while requests are running (the KV cache they
-  wrote under the old weights is kept, as in ``LocalEngine`` and PipelineRL); the prefix cache
+  What vLLM allows, and what this relies on: weights may be replaced between steps while
+  requests are running (the KV cache they wrote under the old weights is kept, as in ``LocalEngine`` and PipelineRL); the prefix cache
   cannot be reset while requests hold its blocks, so it is reset at the end of the call (and at
   once when nothing runs). Exact per-token versions need each ``step()`` to be exactly one
   scheduler step: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
@@ -78,8 +78,8 @@ that it can act between two steps:
 **HttpEngine** samples from a server's ``/v1/completions`` with token ids as the prompt and
 vLLM's extensions (``return_tokens_as_token_ids``, ``stop_token_ids``; ``top_k`` (0: off, which
 vLLM >= 0.8 accepts), ``min_p``, and the penalties always sent, so the checkpoint's generation
-config fills none of them) so the tokens come back as ids, with the logprob of each sampled token. Those logprobs are of whatever
-distribution the server was started with (``vllm serve --logprobs-mode``; by default the raw
+config fills none of them) so the tokens come back as ids, with the logprob of each sampled
+token. Those logprobs are of whatever distribution the server was started with (``vllm serve --logprobs-mode``; by default the raw
 softmax, not the project's), the server takes no weights from the trainer, and it returns no
 routes: the factory refuses it for RL and evaluation, and ``load_weights`` raises.
 """
@@ -354,13 +354,11 @@ class VLLMEngine:
         if "logprobs_mode" not in known:
             raise EngineError("this vLLM has no logprobs_mode, so its logprobs would be the raw softmax, not those of "
                               "the distribution sampled from; install vllm>=0.11 (the gpu extra pins it)")
-        if self.is_moe and "enable_return_routed_experts" in known and not self.config.enable_prefix_caching:
-            warnings.warn("inference.enable_prefix_caching = false: vLLM returns routed experts only with its prefix "
-                          "cache on, so this engine runs without them and router replay gets no sampler routes",
-                          stacklevel=3)
-        elif self.is_moe and "enable_return_routed_experts" in known:
-            llm = self._build_llm_with_routes(kwargs)
-            if llm is not None:
+        if self.is_moe and "enable_return_routed_experts" in known:
+            if not self.config.enable_prefix_caching:
+                warnings.warn("inference.enable_prefix_caching = false: vLLM returns routed experts only with its "
+                              "prefix cache on, so this engine runs without them", stacklevel=3)
+            elif (llm := self._build_llm_with_routes(kwargs)) is not None:
                 return llm
         return self.vllm.LLM(**kwargs)
 

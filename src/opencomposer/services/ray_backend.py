@@ -44,9 +44,10 @@ what this backend adds, actors killed with ``ray.kill`` (a worker, the inference
 tested here. Ray is imported only by this module.
 
 **GPUs.** The inference and evaluation actors ask Ray for ``services.ray_inference_gpus`` and
-``services.ray_evaluation_gpus`` GPUs (0 by default: they sample on their node's CPU, whatever GPUs it has); Ray
-schedules each on a node with that many free and sets its ``CUDA_VISIBLE_DEVICES``, and the
-actor's policy goes to ``run.device`` (``services.inference.load_policy``). A request beyond
+``services.ray_evaluation_gpus`` GPUs (0 by default: they sample on their node's CPU, whatever
+GPUs it has); Ray schedules each on a node with that many free and sets its
+``CUDA_VISIBLE_DEVICES``, and the actor's policy goes to ``run.device``
+(``services.inference.load_policy``). A request beyond
 the cluster's GPUs is refused before any actor starts (``check_gpu_requests``); the
 inference actor's ``placement()`` says where it landed (logged at start).
 
@@ -426,7 +427,10 @@ def check_gpu_requests(config: Config, node_gpus: list[float], evaluation: bool)
     if config.inference.backend == "vllm" and 0 < services.ray_inference_gpus < tp:
         raise ConfigError(f"services.ray_inference_gpus = {services.ray_inference_gpus:g} is fewer than the "
                           f"{tp} GPUs of inference.tensor_parallel_size")
-    if config.run.device != "cpu" and config.inference.backend == "local" and not services.ray_inference_gpus:
+    from opencomposer.model.device import resolve_device
+
+    trains_on_gpu = resolve_device(config.run.device).type == "cuda"  # the driver's device, the trainer's
+    if trains_on_gpu and config.inference.backend == "local" and not services.ray_inference_gpus:
         log.warning("services.ray_inference_gpus = 0: the inference actor asks Ray for no GPU and samples on the "
                     "CPU of its node; set it to 1 to sample on a GPU")
 

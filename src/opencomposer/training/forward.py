@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
+from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates, widened
 from opencomposer.model.loading import cache_argument
 from opencomposer.model.routing import RouterReplay
 from opencomposer.training.attention import packed_attention
@@ -63,7 +63,7 @@ def token_logprobs_and_entropy(
     put just past the top-p boundary (rounding differences between the two forwards) is scored
     instead of getting log 0. Half-precision logits are upcast to float32 first; float64 stays
     float64."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = widened(logits)
     targets = target_ids.long().unsqueeze(-1)
     keep = None
     if truncates(top_p, top_k):
@@ -133,11 +133,6 @@ def _scored_mask(batch: TrainBatch, device: torch.device) -> torch.Tensor:
     if not keep.any():
         keep[:, -1] = True
     return keep
-
-
-def widened(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in float32 at least (half precision upcast, float64 kept)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def autocast(device: torch.device, bf16: bool):
