@@ -49,15 +49,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 
 @pytest.fixture(autouse=True)
 def _torch_threads_restored():
-    """Each test leaves torch's thread count as it found it: code under test that applies a
-    recipe's ``run.threads`` (``RLRun``, ``run_sft``) sets it for the whole process, and a later
-    test comparing results bit for bit with another process would depend on the order."""
+    """Each test leaves torch's thread count and deterministic mode as it found them: code under
+    test that applies a recipe's ``run.threads`` or ``run.deterministic`` (``RLRun``, ``run_sft``,
+    ``model.device.apply_run_settings``) sets them for the whole process, and a later test
+    comparing results bit for bit with another process would depend on the order."""
     import torch
 
     threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     yield
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic[0])
+    torch.backends.cudnn.deterministic = deterministic[1]
+    if cublas is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ Python already has a CUDA torch but no vLLM (docs/gpu.md).
   bf16 tolerance under ``rl.bf16`` (autocast);
 - an RL run on the GPU (sampler, router replay, sandboxed episodes, trainer) finishes with its
   exactly-once record and a sampler/trainer mismatch near zero;
+- with ``run.deterministic``, two RL runs on the GPU end with the same weights bit for bit, and
+  the scan that stands in for CUDA's ``cumsum`` gives the CPU's bits;
 - on two GPUs, an RL run (data-, context- or expert-parallel, NCCL) equals one GPU.
 
 ``OPENCOMPOSER_GPU_TESTS_DEVICE=cpu`` runs these bodies with the CPU as "the GPU" (then each
@@ -57,6 +59,21 @@ def test_the_quantisers_give_the_same_bits_on_the_gpu():
             assert torch.equal(cpu.global_scale, gpu.global_scale.cpu()), granularity
 
 
+def test_prefix_sums_in_deterministic_mode_give_the_cpus_bits_on_the_gpu():
+    """The scan that stands in for CUDA's cumsum under ``run.deterministic`` adds elementwise, and
+    an add rounds alike on both devices."""
+    from opencomposer.inference.sampling import prefix_sums
+
+    generator = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(8, 50_000, generator=generator) * 3, dim=-1)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.equal(prefix_sums(probs.to(DEVICE)).cpu(), prefix_sums(probs))
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
 def assert_close_but_for_noise(got: torch.Tensor, want: torch.Tensor, bound: float, name: str) -> None:
     """Adam divides by sqrt(v): an element whose gradient is rounding noise moves by up to lr
     either way, whichever order the device summed in. So: nearly every element equal to float
@@ -96,7 +113,7 @@ def test_pretraining_on_the_gpu_matches_the_cpu(tmp_path: Path, tiny_tokenizer):
         assert_close_but_for_noise(gpu_weights[key], value, bound=2 * 3e-3 * len(cpu_rows), name=key)
 
 
-def _rl_rows(tokenizer_vocab: int):
+def rl_rows(tokenizer_vocab: int):
     from opencomposer.training.packing import SequenceRow
 
     rng = np.random.default_rng(0)
@@ -121,7 +138,7 @@ def test_an_rl_train_step_on_the_gpu_matches_the_cpu(tiny_tokenizer, bf16: bool)
     from tests.training.test_forward import SMALL
 
     model = load_model(SMALL, tiny_tokenizer, seed=3)[0]
-    rows = _rl_rows(min(len(tiny_tokenizer), 3000))
+    rows = rl_rows(min(len(tiny_tokenizer), 3000))
     results = {}
     for name, device, autocast in (("reference", "cpu", False), ("device", DEVICE, bf16)):
         config = RLConfig(lr=1e-3, micro_batch_tokens=256, bf16=autocast)
@@ -167,7 +184,7 @@ def train_rows(run_dir: Path) -> list[dict]:
 @pytest.mark.integration
 @pytest.mark.bwrap
 def test_an_rl_run_on_the_gpu_finishes_with_its_record_and_no_mismatch(tmp_path: Path):
-    run_dir = rl_command(tmp_path, "gpu")
+    run_dir = rl_command(tmp_path, "gpu", "rl.router_replay=replay")
     rows = train_rows(run_dir)
     assert [row["step"] for row in rows] == [1, 2]
     assert all(np.isfinite(row["loss"]) for row in rows)
@@ -175,6 +192,24 @@ def test_an_rl_run_on_the_gpu_finishes_with_its_record_and_no_mismatch(tmp_path:
     assert all(row["mismatch_kl"] < 1e-3 for row in rows), [row["mismatch_kl"] for row in rows]
     record = json.loads((run_dir / "checkpoints/step-000002/state.json").read_text())["trained"]
     assert sorted(r["index"] for r in record) == [0, 1, 2, 3]
+
+
+@pytest.mark.integration
+@pytest.mark.bwrap
+def test_a_deterministic_rl_run_on_the_gpu_repeats_bit_for_bit(tmp_path: Path):
+    """``run.deterministic = true``: two runs of the same recipe on the GPU (sampler, sandboxed
+    episodes, trainer with router replay, top-p 0.8) end with the same weights, bit for bit, and
+    the same losses. Without it, atomics in the backward change the last bits from run to run."""
+    from safetensors.torch import load_file
+
+    runs = [rl_command(tmp_path, name, "run.deterministic=true", "rl.router_replay=replay")
+            for name in ("first", "second")]
+    a, b = (load_file(d / "checkpoints/step-000002/model/model.safetensors") for d in runs)
+    assert a.keys() == b.keys()
+    assert [key for key in a if not torch.equal(a[key], b[key])] == []
+    keys = ("loss", "grad_norm", "mismatch_kl", "reward_mean")
+    first, second = ([{key: row.get(key) for key in keys} for row in train_rows(d)] for d in runs)
+    assert first == second
 
 
 @two_gpus

@@ -1,4 +1,4 @@
-"""``[run]``: what names a run and where it happens (seed, device, threads, output folder)."""
+"""``[run]``: what names a run and where it happens (seed, device, threads, determinism, output folder)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ class RunConfig(Section):
     """Where tensors live; ``auto`` picks CUDA when available."""
     threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
+    deterministic: bool = False
+    """Deterministic kernels (``model.device.apply_run_settings``): torch's deterministic mode, which
+    refuses an op that has no deterministic kernel rather than run it, a fixed cuBLAS workspace,
+    no cuDNN autotuning. What it buys is on the GPU, where atomics and split reductions otherwise
+    change the last bits from run to run; the CPU kernels used here already repeat with the same
+    thread count. Slower on the GPU (attention backward without split keys)."""
 
     def validate(self) -> None:
         if self.threads < 0:

@@ -127,7 +127,7 @@ import torch
 
 from opencomposer.inference.decoders import HFDecoder, LeanDecoder, lean_supported
 from opencomposer.inference.invariant import InvariantDecoder, Prefix, batch_dependent_format
-from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
+from opencomposer.inference.sampling import kept_tokens, prefix_sums, truncated_logprobs, truncates
 from opencomposer.model.routing import RouteRecorder, route_dtype
 from opencomposer.model.tokenizer import stop_token_ids
 from opencomposer.types import Completion, SamplingParams
@@ -149,7 +149,7 @@ def sample_tokens(
     scaled = logits / params.temperature
     keep = kept_tokens(scaled, params.top_p, params.top_k) if truncates(params.top_p, params.top_k) else None
     logp = truncated_logprobs(scaled, keep)  # [B, V], -inf outside the kept tokens
-    cdf = logp.exp().cumsum(dim=-1)  # flat over cut tokens, so a draw never lands on one
+    cdf = prefix_sums(logp.exp())  # flat over cut tokens, so a draw never lands on one
     total = cdf[:, -1]
     draw = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))  # < total, rounding too
     tokens = torch.searchsorted(cdf, draw[:, None], right=True)[:, 0]

@@ -58,7 +58,7 @@ from opencomposer.inference.invariant import (
     pad_rows,
     tiled_linear,
 )
-from opencomposer.inference.sampling import kept_tokens, truncated_logprobs, truncates
+from opencomposer.inference.sampling import kept_tokens, prefix_sums, truncated_logprobs, truncates
 from opencomposer.model.mtp import apply_rope, mtp_layers, rope, rope_base
 from opencomposer.model.routing import RouteRecorder
 from opencomposer.numerics.convert import is_converted
@@ -95,7 +95,7 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of (unnormalised) ``probs`` [B, V] by inverse CDF in vocabulary order."""
-    cdf = probs.cumsum(dim=-1)
+    cdf = prefix_sums(probs)
     total = cdf[:, -1]
     point = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, point[:, None], right=True)[:, 0].clamp(max=probs.shape[1] - 1)

@@ -46,8 +46,9 @@ from opencomposer.config import Config, ConfigError, PretrainConfig, to_toml
 from opencomposer.distributed.fsdp import clip_gradients, full_model_state, reduce_gradients, shard_model
 from opencomposer.distributed.runtime import World
 from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
-from opencomposer.model.device import resolve_device
+from opencomposer.model.device import apply_run_settings, resolve_device
 from opencomposer.numerics.convert import convert_model
+from opencomposer.training.forward import target_nll
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar
@@ -101,7 +102,7 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor, aux_coef: float = 0.0,
     else:
         out = model(input_ids=inputs, **extra)
     logits = out.logits.float()  # [B, T, V] (T / cp under context parallelism)
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    ce = target_nll(logits, targets).mean()
     metrics = {"loss": ce.item()}
     loss = ce * ce_weight if ce_weight != 1.0 else ce
     if want_aux and getattr(out, "aux_loss", None) is not None:
@@ -276,8 +277,7 @@ def run_pretraining(
 
     world = world or World()
     device = world.device if world.distributed else resolve_device(config.run.device)
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
+    apply_run_settings(config.run)
     run_dir = config.run.path
     if not world.main:
         world.barrier()  # rank 0 builds (and caches) corpus and tokenizer first; the others reuse them

@@ -105,6 +105,7 @@ from opencomposer.model.corpus import CodeFile, Corpus, build_corpus
 from opencomposer.pretrain.recall import SOURCES as GENERATED_SOURCES
 from opencomposer.pretrain.recall import with_recall_sources
 from opencomposer.training.attention import packed_attention
+from opencomposer.training.forward import target_nll
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar
@@ -275,7 +276,7 @@ def packed_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.T
 def token_losses(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of every target of packed rows, ``[B, T]``."""
     logits = packed_forward(model, ids, positions).logits.float()
-    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    return target_nll(logits, ids[:, 1:])
 
 
 @dataclass
@@ -337,7 +338,7 @@ def lm_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, 
     aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
     out = data.lm_forward(model)
     logits = out.logits.float()
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.lm_targets().reshape(-1))
+    ce = target_nll(logits, data.lm_targets()).mean()
     loss = ce * data.lm_share
     metrics = {"lm_loss": loss.item()}
     if aux_coef > 0 and getattr(out, "aux_loss", None) is not None:
@@ -776,7 +777,7 @@ def run_phases(
     interrupts a run from it). ``probes``: retrieval probes per evaluation when phases differ in
     length (0: none). ``world``: this rank of a data- (and context-) parallel group (module doc);
     rank 0 returns the whole model, the other ranks their shards."""
-    from opencomposer.model.device import resolve_device
+    from opencomposer.model.device import apply_run_settings, resolve_device
     from opencomposer.model.tokenizer import document_separator_id
     from opencomposer.numerics.convert import convert_model
 
@@ -787,8 +788,7 @@ def run_phases(
     world = world or World()
     _check_world(plan, world)
     device = world.device if world.distributed else resolve_device(config.run.device)
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
+    apply_run_settings(config.run)
     run_dir = config.run.path
     if not world.main:
         world.barrier()  # rank 0 builds (and caches) corpus and tokenizer first; the others reuse them

@@ -53,7 +53,7 @@ from opencomposer.config import Config, ConfigError, SFTConfig, to_toml
 from opencomposer.distributed.balance import split_rows
 from opencomposer.distributed.fsdp import clip_gradients, full_model_state, reduce_gradients, shard_model
 from opencomposer.distributed.runtime import World
-from opencomposer.model.device import resolve_device
+from opencomposer.model.device import apply_run_settings, resolve_device
 from opencomposer.numerics.convert import convert_model
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.training.optim import build_optimizer
@@ -255,8 +255,7 @@ def run_sft(config: Config, progress: bool = True, world: World | None = None
 
     world = world or World()
     device = world.device if world.distributed else resolve_device(config.run.device)
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
+    apply_run_settings(config.run)
     init = config.sft.init
     spec = dataclasses.replace(config.model, kind="hf", path=init) if init else dataclasses.replace(config.model, path="")
     model, tokenizer = load_model(spec, seed=config.run.seed, device=device)

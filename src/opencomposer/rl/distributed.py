@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from opencomposer.config import Config, ModelConfig
 from opencomposer.distributed.runtime import World
 from opencomposer.rl.checkpoint import latest_checkpoint
@@ -59,12 +57,12 @@ class DataParallelRLRun(RLRun):
 def follow_rl(config: Config, world: World) -> None:
     """Ranks > 0: load the policy rank 0 starts from, shard it, and train as rank 0 commands."""
 
+    from opencomposer.model.device import apply_run_settings
     from opencomposer.model.loading import load_model
     from opencomposer.numerics.convert import convert_model
     from opencomposer.rl.trainer import Trainer
 
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
+    apply_run_settings(config.run)
     start = world.broadcast(None)
     model, tokenizer = load_model(ModelConfig(kind="hf", path=start, dtype=config.model.dtype), device=world.device)
     convert_model(model, config.numerics)

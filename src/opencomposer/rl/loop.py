@@ -34,7 +34,7 @@ import torch
 
 from opencomposer.config import Config, ConfigError, ModelConfig, to_toml
 from opencomposer.io import atomic_directory, atomic_write_text
-from opencomposer.model.device import resolve_device
+from opencomposer.model.device import apply_run_settings, resolve_device
 from opencomposer.numerics.convert import convert_model
 from opencomposer.rl.checkpoint import (
     RunState,
@@ -106,8 +106,7 @@ class RLRun:
     def _setup(self, config: Config) -> None:
         from opencomposer.rl.tasks import TaskStream, heldout_tasks
 
-        if config.run.threads:
-            torch.set_num_threads(config.run.threads)
+        apply_run_settings(config.run)
         remove_partial(self.run_dir)
         self.stream = TaskStream(config, self.run_dir)
         self.stream.check_length(self.rl.steps * self.rl.batch_tasks)

@@ -29,6 +29,7 @@ import torch
 from opencomposer.inference.batching import BatchingEngine, BatchingSession
 from opencomposer.inference.factory import make_engine
 from opencomposer.model.attention import restore_attention
+from opencomposer.model.device import apply_run_settings
 from opencomposer.services.faults import EngineDied, FaultPlan, fire
 from opencomposer.types import Completion, SamplingParams
 
@@ -163,12 +164,6 @@ class ServiceSession:
 # The service in another process (a Ray actor, or the embedded backend's child process)
 
 
-def set_threads(threads: int) -> None:
-    """In a service's own process: the recipe's torch threads (``run.threads``; 0 keeps the default)."""
-    if threads:
-        torch.set_num_threads(threads)
-
-
 def load_policy(folder: str, config: Any, gpu: bool = True) -> tuple[torch.nn.Module, Any]:
     """In a service's own process: the model and tokenizer saved in ``folder`` (the run's
     ``initial``), converted to the ``[numerics]`` format as ``RLRun`` converts the policy that the
@@ -199,7 +194,7 @@ class InferenceHost:
     def __init__(self, folder: str, config: Any, store_url: str, version: int | None, gpu: bool = True):
         from opencomposer.services.weights import WeightStore
 
-        set_threads(config.run.threads)
+        apply_run_settings(config.run)  # this process's threads and determinism
         model, tokenizer = load_policy(folder, config, gpu)
         self.device = next(model.parameters()).device
         self.store = WeightStore(store_url)

@@ -71,7 +71,8 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from opencomposer.config import Config
-from opencomposer.services.inference import RemoteInference, load_policy, set_threads
+from opencomposer.model.device import apply_run_settings
+from opencomposer.services.inference import RemoteInference, load_policy
 from opencomposer.types import Completion, Group, SamplingParams, Task
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ class EnvWorkerActor:
     def __init__(self, worker_id: int, inference: Any, tokenizer: Any, config: Config):
         from opencomposer.services.environments import EnvWorker
 
-        set_threads(config.run.threads)
+        apply_run_settings(config.run)
         remote = RayInference(inference, owner(worker_id), tokenizer)
         self._grading: list[int] = []  # indices whose grading started since the last ping
         self._lock = threading.Lock()
@@ -351,7 +352,7 @@ class EvaluationActor:
         from opencomposer.services.evaluation import EvaluationService
         from opencomposer.services.weights import WeightStore
 
-        set_threads(config.run.threads)
+        apply_run_settings(config.run)
         model, tokenizer = load_policy(folder, config, gpu=bool(ray.get_gpu_ids()))
         self.service = EvaluationService(model, tokenizer, config, tasks, WeightStore(store_url).load,
                                          _grader(config))

@@ -49,6 +49,14 @@ from opencomposer.types import TrainBatch
 MIN_SHARED_PREFIX = 16  # below this, one extra forward call costs more than it saves
 
 
+def target_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """−log softmax(logits)[target] at every position, shaped like ``targets``: cross-entropy
+    without reduction (no ignored index), in float32 at least. A log-softmax and a gather rather
+    than ``F.cross_entropy``, whose NLL kernel torch lists among those it has no deterministic
+    version of on CUDA (``run.deterministic`` would refuse it); the gather's backward has one."""
+    return -torch.log_softmax(widened(logits), dim=-1).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+
+
 def token_logprobs_and_entropy(
     logits: torch.Tensor,  # [rows, seq, vocab], already divided by the sampling temperature
     target_ids: torch.Tensor,  # [rows, seq]

@@ -74,11 +74,13 @@ class EnginePolicy:
 
 def local_policy(argument: str, config: Config) -> EnginePolicy:
     """``local`` uses the recipe's model; ``local:PATH`` a checkpoint folder. The engine is the
-    recipe's ``[inference] backend`` (``inference.factory.make_engine``)."""
+    recipe's ``[inference] backend`` (``inference.factory.make_engine``); ``[run]`` settings
+    (threads, determinism) apply to this process."""
     from opencomposer.inference.factory import make_engine
     from opencomposer.model import load_model
-    from opencomposer.model.device import resolve_device
+    from opencomposer.model.device import apply_run_settings, resolve_device
 
+    apply_run_settings(config.run)
     spec = argument or config.model
     model, tokenizer = load_model(spec, seed=config.run.seed, device=resolve_device(config.run.device))
     engine = make_engine(config, model, tokenizer)
