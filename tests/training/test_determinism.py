@@ -3,8 +3,8 @@ code calls no op that torch refuses in deterministic mode on CUDA.
 
 The CPU cannot show CUDA's nondeterminism, but it can show which ops run: every aten op of a
 pretraining step (next-token and MTP losses, MoE routing), an RL step (scoring with a top-p cut,
-the loss, Adam; SFT scores its tokens the same way) and a sampling call with a top-p cut is
-recorded and checked against the ops that torch's ``use_deterministic_algorithms`` documents as
+the loss, Adam; SFT scores its tokens the same way; also with MXFP8 and NVFP4 ``[numerics]``)
+and a sampling call with a top-p cut is recorded and checked against the ops that torch's ``use_deterministic_algorithms`` documents as
 having no deterministic CUDA kernel. ``tests/gpu/test_cuda.py`` runs a deterministic RL run twice
 on a GPU and compares the bits.
 """
@@ -225,3 +225,28 @@ def test_training_and_sampling_call_no_op_that_cuda_refuses_in_deterministic_mod
     assert not pretraining.refused, dict(pretraining.refused)
     assert not rl_step.refused, dict(rl_step.refused)
     assert not sampling.refused, dict(sampling.refused)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4_fwd_mxfp8_bwd"])
+def test_a_quantised_rl_step_calls_no_op_that_cuda_refuses_in_deterministic_mode(
+        recipe: str, tiny_tokenizer, deterministic_mode_restored):
+    from opencomposer.config import NumericsConfig, RLConfig
+    from opencomposer.model.loading import load_model
+    from opencomposer.numerics.convert import convert_model
+    from opencomposer.rl.step import train_step
+    from opencomposer.training.optim import build_optimizer
+    from opencomposer.training.packing import collate, micro_batches
+    from tests.gpu.test_cuda import rl_rows
+    from tests.training.test_forward import SMALL
+
+    model = load_model(SMALL, tiny_tokenizer, seed=3)[0]
+    convert_model(model, NumericsConfig(recipe=recipe, quantize_linears=True, quantize_dispatch=True))
+    rl = RLConfig(lr=1e-3, micro_batch_tokens=256)
+    optimizer = build_optimizer(model, lr=rl.lr, betas=tuple(rl.adam_betas), eps=rl.adam_eps)
+    batches = [collate(chunk, 0) for chunk in micro_batches(rl_rows(min(len(tiny_tokenizer), 3000)),
+                                                            rl.micro_batch_tokens)]
+    torch.use_deterministic_algorithms(True)
+    with OpRecorder() as recorder:
+        train_step(model, optimizer, batches, rl, top_p=0.8)
+    assert recorder.ops["index_add_"]  # the quantised experts ran (deterministic on CUDA in this mode)
+    assert not recorder.refused, dict(recorder.refused)
