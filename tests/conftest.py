@@ -56,13 +56,14 @@ def _torch_threads_restored():
     import torch
 
     threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+                     torch.backends.cudnn.benchmark)
     cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     yield
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic[0])
-    torch.backends.cudnn.deterministic = deterministic[1]
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic[1:]
     if cublas is None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:

@@ -13,7 +13,7 @@ Python already has a CUDA torch but no vLLM (docs/gpu.md).
 - the sampler is batch-invariant on cuBLAS too (its fixed-shape matmul premise, then completions
   alone and in batches);
 - with ``run.deterministic``, two RL runs on the GPU end with the same weights bit for bit, and
-  the scan that stands in for CUDA's ``cumsum`` gives the CPU's bits;
+  the fixed-point sums that stand in for CUDA's ``cumsum`` give the CPU's bits;
 - on two GPUs, an RL run (data-, context- or expert-parallel, NCCL) equals one GPU.
 
 ``OPENCOMPOSER_GPU_TESTS_DEVICE=cpu`` runs these bodies with the CPU as "the GPU" (then each
@@ -62,8 +62,8 @@ def test_the_quantisers_give_the_same_bits_on_the_gpu():
 
 
 def test_prefix_sums_in_deterministic_mode_give_the_cpus_bits_on_the_gpu():
-    """The scan that stands in for CUDA's cumsum under ``run.deterministic`` adds elementwise, and
-    an add rounds alike on both devices."""
+    """The fixed-point sums that stand in for CUDA's cumsum under ``run.deterministic`` are exact
+    integer sums between float64 conversions that round alike on both devices."""
     from opencomposer.inference.sampling import prefix_sums
 
     generator = torch.Generator().manual_seed(0)

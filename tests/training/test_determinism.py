@@ -82,21 +82,45 @@ def test_target_nll_is_cross_entropy_in_value_and_gradient():
     assert target_nll(logits.bfloat16(), targets).dtype == torch.float32  # scored in float32 at least
 
 
-@pytest.mark.parametrize("width", [1, 2, 5, 64, 1000, 4099])
-def test_prefix_sums_in_deterministic_mode_are_running_sums(width: int, deterministic_mode_restored):
+@pytest.mark.parametrize("width", [1, 2, 5, 64, 1000, 50_000])
+def test_prefix_sums_in_deterministic_mode_are_running_sums_that_never_fall(width: int,
+                                                                            deterministic_mode_restored):
+    from opencomposer.inference.sampling import FIXED_POINT_BITS
+
     generator = torch.Generator().manual_seed(width)
-    x = torch.rand(4, width, generator=generator)
-    exact = x.double().cumsum(-1)
+    x = torch.softmax(torch.randn(4, width, generator=generator) * 3, dim=-1)
+    x[:, 1::3] = 0.0  # cut tokens: the sums must stay flat over them
     assert torch.equal(prefix_sums(x), x.cumsum(-1))  # outside deterministic mode: cumsum itself
     torch.use_deterministic_algorithms(True)
-    scanned = prefix_sums(x)
-    assert scanned.dtype == x.dtype and scanned.shape == x.shape
-    torch.testing.assert_close(scanned.double(), exact, rtol=1e-6, atol=0)
-    small = torch.randint(0, 8, (3, width), generator=generator).float()  # sums exact in float32
-    assert torch.equal(prefix_sums(small), small.cumsum(-1))
+    sums = prefix_sums(x)
+    assert sums.dtype == x.dtype and sums.shape == x.shape
+    exact = x.double().cumsum(-1)
+    bound = width * 2.0 ** -(FIXED_POINT_BITS + 1) + 2.0**-24  # each step's rounding, then float32's
+    assert float((sums.double() - exact).abs().max()) <= bound
+    rises = sums.diff(dim=-1)
+    assert bool((rises >= 0).all())  # an inverse CDF for searchsorted
+    assert bool((rises[x[:, 1:] == 0] == 0).all())  # flat over zeros: a draw never lands on a cut token
+    dyadic = torch.randint(0, 8, (3, width), generator=generator).float() / 1024  # sums exact in float32
+    assert torch.equal(prefix_sums(dyadic), dyadic.cumsum(-1))
     # each row on its own: the same bits whatever else shares the batch
-    assert torch.equal(prefix_sums(x[1:2]), scanned[1:2])
-    assert torch.equal(prefix_sums(torch.cat([x, x.flip(0)]))[:4], scanned)
+    assert torch.equal(prefix_sums(x[1:2]), sums[1:2])
+    assert torch.equal(prefix_sums(torch.cat([x, x.flip(0)]))[:4], sums)
+
+
+def test_the_sampler_never_draws_a_cut_token_in_deterministic_mode(deterministic_mode_restored):
+    from opencomposer.inference.local import sample_tokens
+    from opencomposer.types import SamplingParams
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 50_000, generator=generator) * 2
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    keep = kept_tokens(logits, top_p=0.9)
+    torch.use_deterministic_algorithms(True)
+    for _ in range(25):  # 200k draws, a quarter of them in the last 1e-4 of the mass
+        uniforms = torch.rand(8, generator=generator)
+        uniforms[::4] = 1 - uniforms[::4] * 1e-4
+        tokens, logprobs = sample_tokens(logits, params, uniforms)
+        assert bool(keep.gather(1, tokens[:, None]).all()) and bool(torch.isfinite(logprobs).all())
 
 
 def test_top_p_keeps_the_same_tokens_in_deterministic_mode(deterministic_mode_restored):
@@ -145,8 +169,8 @@ NO_DETERMINISTIC_CUDA_KERNEL = {
     "grid_sampler_3d_backward": _always,
     "cumsum": lambda args, kwargs: (kwargs.get("dtype") or args[0].dtype).is_floating_point,
     "cumsum_": lambda args, kwargs: args[0].is_floating_point(),
-    "scatter_reduce": lambda args, kwargs: (args[3] if len(args) > 3 else kwargs.get("reduce")) == "prod",
-    "scatter_reduce_": lambda args, kwargs: (args[3] if len(args) > 3 else kwargs.get("reduce")) == "prod",
+    "scatter_reduce": lambda args, kwargs: (args[4] if len(args) > 4 else kwargs.get("reduce")) == "prod",
+    "scatter_reduce_": lambda args, kwargs: (args[4] if len(args) > 4 else kwargs.get("reduce")) == "prod",
 }
 
 
@@ -179,7 +203,9 @@ def test_the_recorder_sees_what_deterministic_mode_refuses_on_cuda():
         torch.histc(torch.rand(9), bins=3)
         torch.histc(torch.tensor([0.0, 2.0, 2.0]), bins=3)  # whole numbers: the MoE's count (see the table)
         torch.bincount(torch.tensor([0, 1, 1]))  # no weights: deterministic
-    assert set(recorder.refused) == {"nll_loss_forward", "cumsum", "histc"}
+        torch.zeros(3).scatter_reduce(0, torch.tensor([0, 0, 2]), torch.ones(3), "prod")
+        torch.zeros(3).scatter_reduce(0, torch.tensor([0, 0, 2]), torch.ones(3), "amax")  # deterministic
+    assert set(recorder.refused) == {"nll_loss_forward", "cumsum", "histc", "scatter_reduce"}
 
 
 SMALL_MODEL = ["model.hidden_size=64", "model.num_layers=2", "model.head_dim=16", "model.num_experts=4",
@@ -218,9 +244,11 @@ def test_training_and_sampling_call_no_op_that_cuda_refuses_in_deterministic_mod
 
     engine = LocalEngine(model.eval(), tiny_tokenizer)
     with OpRecorder() as sampling:
-        engine.generate([[5, 6, 7, 8], [9, 10]], SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.8,
-                                                                 seed=0, ignore_eos=True), n=2)
-    assert sampling.ops["sort"]
+        for speculative in ("off", "mtp"):  # with the MTP layer drafting: its inverse-CDF draws too
+            engine.generate([[5, 6, 7, 8], [9, 10]], SamplingParams(max_new_tokens=8, temperature=0.9, top_p=0.8,
+                                                                     seed=0, ignore_eos=True, speculative=speculative),
+                            n=2)
+    assert sampling.ops["sort"] and sampling.ops["searchsorted"] >= 2
 
     assert not pretraining.refused, dict(pretraining.refused)
     assert not rl_step.refused, dict(rl_step.refused)

@@ -24,11 +24,12 @@ class RunConfig(Section):
     threads: int = 0
     """torch intra-op threads; 0 keeps torch's default."""
     deterministic: bool = False
-    """Deterministic kernels (``model.device.apply_run_settings``): torch's deterministic mode, which
-    refuses an op that has no deterministic kernel rather than run it, a fixed cuBLAS workspace,
-    no cuDNN autotuning. What it buys is on the GPU, where atomics and split reductions otherwise
-    change the last bits from run to run; the CPU kernels used here already repeat with the same
-    thread count. Slower on the GPU (attention backward without split keys)."""
+    """Deterministic kernels (``model.device.apply_run_settings``, docs/gpu.md §5): torch's
+    deterministic mode, which refuses an op that has no deterministic kernel rather than run it,
+    a fixed cuBLAS workspace, no cuDNN autotuning, fixed-point running sums for top-p and the
+    sampler. For the GPU, where atomics and split reductions otherwise change the last bits from
+    run to run; the CPU already repeats with the same thread count, and there the setting only
+    costs time (and moves a draw that falls within rounding of a boundary)."""
 
     def validate(self) -> None:
         if self.threads < 0:

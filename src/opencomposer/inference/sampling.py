@@ -36,21 +36,28 @@ def widened(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+FIXED_POINT_BITS = 40
+"""Fraction bits of ``prefix_sums``'s fixed-point sums in deterministic mode: probabilities are
+counted in steps of 2^-40 (over a vocabulary of 152k the sums are off by at most 7e-8, about
+float32's own rounding near 1), and a total of up to 2^23 fits in int64."""
+
+
 def prefix_sums(x: torch.Tensor) -> torch.Tensor:
-    """Running sums along the last dimension: ``x.cumsum(-1)``, except under torch's deterministic
-    mode (``run.deterministic``), where torch has no deterministic floating-point ``cumsum`` on
-    CUDA and refuses it. There the sums are a scan of elementwise adds (step ``i`` adds the value
-    ``2^i`` places back; ceil(log2 V) steps), which rounds alike on every device and in every
-    batch. It costs those passes and rounds a little differently from ``cumsum`` (about 2e-7
-    relative against 6e-8 on the CPU, whose ``cumsum`` accumulates in float64)."""
+    """Running sums along the last dimension of non-negative ``x`` (probabilities): ``x.cumsum(-1)``,
+    except under torch's deterministic mode (``run.deterministic``), where torch has no
+    deterministic floating-point ``cumsum`` on CUDA and refuses it.
+
+    There each value is rounded to a whole number of 2^-``FIXED_POINT_BITS`` steps and the steps
+    are summed as int64, which is exact, so the sums are the same on every device and in every
+    batch, never decrease, and stay flat over zeros: an inverse-CDF draw never lands on a token
+    the top-p cut removed, and ``searchsorted`` gets sorted input. (A scan of float adds would be
+    deterministic too, but neighbouring positions round differently there, so its sums dip and
+    rise at zeros.) Float64 arithmetic; ``x``'s dtype back."""
     if not (torch.are_deterministic_algorithms_enabled() and x.is_floating_point()):
         return x.cumsum(dim=-1)
-    out = x.clone()
-    step = 1
-    while step < out.shape[-1]:
-        out[..., step:] = out[..., step:] + out[..., :-step]  # the right side is read before it is written
-        step *= 2
-    return out
+    scale = 2.0**FIXED_POINT_BITS
+    steps = (x.double() * scale).round().long()  # exact: scaling by a power of two, then whole numbers
+    return (steps.cumsum(dim=-1).double() / scale).to(x.dtype)
 
 
 def truncates(top_p: float, top_k: int) -> bool:

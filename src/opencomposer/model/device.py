@@ -6,20 +6,26 @@ and stops with an error when there is none, rather than quietly training on the 
 resolve it here.
 
 ``apply_run_settings`` is what every process of a run (the trainer, each distributed rank, each
-service process or Ray actor) calls first: ``run.threads`` and ``run.deterministic``.
+service process or Ray actor, the local policy of ``opencomposer eval``) calls first:
+``run.threads`` and ``run.deterministic``.
 
 **Determinism.** On the CPU a run repeats bit for bit with the same thread count. On the GPU it
 does not by default: ``index_add_``, ``scatter_add_``, the backward of indexing and of attention
 sum with atomics or split reductions, so the last bits of a gradient change from run to run and
 grow through Adam. ``run.deterministic = true`` turns on torch's deterministic mode, which runs
 those ops with deterministic kernels and refuses (``RuntimeError``) any op that has none; with
-``CUBLAS_WORKSPACE_CONFIG`` set, cuBLAS repeats too. The project's own training and sampling code
-calls none of the refused ops (``tests/training/test_determinism.py`` records every op of a
-pretraining, SFT and RL step and checks them against torch's list): cross-entropy is a log-softmax
-and a gather (``training.forward.target_nll``; torch has no deterministic NLL loss on CUDA), and
-top-p's running sum is a scan of elementwise adds (``inference.sampling.prefix_sums``; nor has it
-a deterministic ``cumsum`` there). What stays out of reach: other machines, other torch or CUDA
-versions, and a different number of ranks (a reduction over ranks sums in another order).
+``CUBLAS_WORKSPACE_CONFIG`` set, cuBLAS repeats too. On the CPU's dispatch path the project's
+training and sampling code calls none of the refused ops (``tests/training/test_determinism.py``
+records every op of a pretraining step, an RL step and a sampling call and checks them against
+torch's list): cross-entropy is a log-softmax and a gather (``training.forward.target_nll``;
+torch has no deterministic NLL loss on CUDA), and the running sums of top-p and of the sampler's
+inverse CDF are fixed-point sums in int64 (``inference.sampling.prefix_sums``; nor has it a
+deterministic floating-point ``cumsum`` there). CUDA picks other kernels (attention, grouped
+expert matmuls, autocast) that the CPU cannot record; ``tests/gpu/test_cuda.py`` runs the check
+that covers them, two deterministic RL runs compared bit for bit, and it has not yet run on a GPU.
+The setting reaches this project's processes only: a vLLM or HTTP sampler samples with its own
+kernels. What stays out of reach: other machines, other torch or CUDA versions, and a different
+number of ranks (a reduction over ranks sums in another order).
 """
 
 from __future__ import annotations
