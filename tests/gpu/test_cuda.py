@@ -68,12 +68,8 @@ def test_prefix_sums_in_deterministic_mode_give_the_cpus_bits_on_the_gpu():
 
     generator = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(8, 50_000, generator=generator) * 3, dim=-1)
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        assert torch.equal(prefix_sums(probs.to(DEVICE)).cpu(), prefix_sums(probs))
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
+    torch.use_deterministic_algorithms(True)  # tests/conftest.py turns it back
+    assert torch.equal(prefix_sums(probs.to(DEVICE)).cpu(), prefix_sums(probs))
 
 
 def test_the_sampler_is_batch_invariant_on_the_gpu(tiny_tokenizer):

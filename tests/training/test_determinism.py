@@ -4,9 +4,10 @@ code calls no op that torch refuses in deterministic mode on CUDA.
 The CPU cannot show CUDA's nondeterminism, but it can show which ops run: every aten op of a
 pretraining step (next-token and MTP losses, MoE routing), an RL step (scoring with a top-p cut,
 the loss, Adam; SFT scores its tokens the same way; also with MXFP8 and NVFP4 ``[numerics]``)
-and a sampling call with a top-p cut is recorded and checked against the ops that torch's ``use_deterministic_algorithms`` documents as
-having no deterministic CUDA kernel. ``tests/gpu/test_cuda.py`` runs a deterministic RL run twice
-on a GPU and compares the bits.
+and sampling with a top-p cut (plain and MTP-speculative) is recorded and checked against the
+ops that torch's ``use_deterministic_algorithms`` documents as having no deterministic CUDA
+kernel. ``tests/gpu/test_cuda.py`` runs a deterministic RL run twice on a GPU and compares the
+bits.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from opencomposer.training.forward import target_nll
 
 
 @pytest.fixture
-def deterministic_mode_restored(monkeypatch):
+def no_cublas_variable(monkeypatch):
     """No cuBLAS variable to start with; ``tests/conftest.py`` puts deterministic mode and the
     variable back as they were after every test."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -35,7 +36,7 @@ def deterministic_mode_restored(monkeypatch):
 
 
 def test_run_deterministic_turns_on_torchs_deterministic_mode_and_a_fixed_cublas_workspace(
-        deterministic_mode_restored):
+        no_cublas_variable):
     apply_run_settings(RunConfig())
     assert not torch.are_deterministic_algorithms_enabled()
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
@@ -46,7 +47,7 @@ def test_run_deterministic_turns_on_torchs_deterministic_mode_and_a_fixed_cublas
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
 
 
-def test_run_deterministic_keeps_a_valid_cublas_workspace_and_refuses_another(deterministic_mode_restored,
+def test_run_deterministic_keeps_a_valid_cublas_workspace_and_refuses_another(no_cublas_variable,
                                                                                monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
     apply_run_settings(RunConfig(deterministic=True))
@@ -84,7 +85,7 @@ def test_target_nll_is_cross_entropy_in_value_and_gradient():
 
 @pytest.mark.parametrize("width", [1, 2, 5, 64, 1000, 50_000])
 def test_prefix_sums_in_deterministic_mode_are_running_sums_that_never_fall(width: int,
-                                                                            deterministic_mode_restored):
+                                                                            no_cublas_variable):
     from opencomposer.inference.sampling import FIXED_POINT_BITS
 
     generator = torch.Generator().manual_seed(width)
@@ -107,7 +108,7 @@ def test_prefix_sums_in_deterministic_mode_are_running_sums_that_never_fall(widt
     assert torch.equal(prefix_sums(torch.cat([x, x.flip(0)]))[:4], sums)
 
 
-def test_the_sampler_never_draws_a_cut_token_in_deterministic_mode(deterministic_mode_restored):
+def test_the_sampler_never_draws_a_cut_token_in_deterministic_mode(no_cublas_variable):
     from opencomposer.inference.local import sample_tokens
     from opencomposer.types import SamplingParams
 
@@ -123,7 +124,7 @@ def test_the_sampler_never_draws_a_cut_token_in_deterministic_mode(deterministic
         assert bool(keep.gather(1, tokens[:, None]).all()) and bool(torch.isfinite(logprobs).all())
 
 
-def test_top_p_keeps_the_same_tokens_in_deterministic_mode(deterministic_mode_restored):
+def test_top_p_keeps_the_same_tokens_in_deterministic_mode(no_cublas_variable):
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(16, 300, generator=generator) * 3
     default = kept_tokens(logits, top_p=0.8, top_k=40)
@@ -155,7 +156,7 @@ NO_DETERMINISTIC_CUDA_KERNEL = {
     "nll_loss_forward": _always,
     "nll_loss2d_forward": _always,
     "_ctc_loss_backward": _always,
-    "_embedding_bag_backward": lambda args, kwargs: True,  # raises for mode="max"; flagged whatever the mode
+    "_embedding_bag_backward": _always,  # raises for mode="max"; flagged whatever the mode
     "put_": _always,
     "put": _always,
     # transformers' grouped MoE experts count the tokens per expert with histc: of the expert ids
@@ -214,7 +215,7 @@ SMALL_MODEL = ["model.hidden_size=64", "model.num_layers=2", "model.head_dim=16"
 
 @pytest.mark.integration
 def test_training_and_sampling_call_no_op_that_cuda_refuses_in_deterministic_mode(
-        tmp_path, tiny_tokenizer, deterministic_mode_restored):
+        tmp_path, tiny_tokenizer, no_cublas_variable):
     from opencomposer.config import RLConfig, load_recipe
     from opencomposer.inference.local import LocalEngine
     from opencomposer.pretrain.phases import run_phases
@@ -257,7 +258,7 @@ def test_training_and_sampling_call_no_op_that_cuda_refuses_in_deterministic_mod
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4_fwd_mxfp8_bwd"])
 def test_a_quantised_rl_step_calls_no_op_that_cuda_refuses_in_deterministic_mode(
-        recipe: str, tiny_tokenizer, deterministic_mode_restored):
+        recipe: str, tiny_tokenizer, no_cublas_variable):
     from opencomposer.config import NumericsConfig, RLConfig
     from opencomposer.model.loading import load_model
     from opencomposer.numerics.convert import convert_model

@@ -58,15 +58,15 @@ that it can act between two steps:
   worker has it, else the model's ``load_weights``; either way vLLM's own loader, in place
   (parameter storage and CUDA graphs stay valid), from the checkpoint names ``checkpoint_names``
   rebuilds (transformers 5 fuses a MoE's experts into one tensor; vLLM loads them per expert).
-  What vLLM allows, and what this relies on: weights may be replaced between steps while
-  requests are running (the KV cache they wrote under the old weights is kept, as in ``LocalEngine`` and PipelineRL); the prefix cache
-  cannot be reset while requests hold its blocks, so it is reset at the end of the call (and at
-  once when nothing runs). Exact per-token versions need each ``step()`` to be exactly one
-  scheduler step: the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-  set unless the caller set it) and without async scheduling. With tensor parallelism the
-  workers are processes and each update crosses to them pickled (CPU tensors): fine for small
-  models, slow for 30B ones, where the workers should read the ``WeightStore`` themselves
-  (docs/gpu.md, what remains).
+  What vLLM allows, and what this relies on: weights may be replaced between steps while requests
+  are running (the KV cache they wrote under the old weights is kept, as in ``LocalEngine`` and
+  PipelineRL); the prefix cache cannot be reset while requests hold its blocks, so it is reset at
+  the end of the call (and at once when nothing runs). Exact per-token versions need each ``step()``
+  to be exactly one scheduler step: the engine core runs in this process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set unless the caller set it) and without async scheduling.
+  With tensor parallelism the workers are processes and each update crosses to them pickled (CPU
+  tensors): fine for small models, slow for 30B ones, where the workers should read the
+  ``WeightStore`` themselves (docs/gpu.md, what remains).
 
 - *One thread.* Every call into vLLM (building the ``LLM``, adding requests, stepping, the
   weight copies, the prefix-cache reset, shutting down) runs on one thread the engine owns,
@@ -75,12 +75,12 @@ that it can act between two steps:
   (a step from another thread fails its attention kernel's thread-count check). Rollout workers
   and a trainer's publish may call from anywhere.
 
-**HttpEngine** samples from a server's ``/v1/completions`` with token ids as the prompt and
-vLLM's extensions (``return_tokens_as_token_ids``, ``stop_token_ids``; ``top_k`` (0: off, which
-vLLM >= 0.8 accepts), ``min_p``, and the penalties always sent, so the checkpoint's generation
-config fills none of them) so the tokens come back as ids, with the logprob of each sampled
-token. Those logprobs are of whatever distribution the server was started with (``vllm serve --logprobs-mode``; by default the raw
-softmax, not the project's), the server takes no weights from the trainer, and it returns no
+**HttpEngine** samples from a server's ``/v1/completions`` with token ids as the prompt and vLLM's
+extensions (``return_tokens_as_token_ids``, ``stop_token_ids``; ``top_k`` (0: off, which vLLM >= 0.8
+accepts), ``min_p``, and the penalties always sent, so the checkpoint's generation config fills none
+of them) so the tokens come back as ids, with the logprob of each sampled token. Those logprobs are
+of whatever distribution the server was started with (``vllm serve --logprobs-mode``; by default the
+raw softmax, not the project's), the server takes no weights from the trainer, and it returns no
 routes: the factory refuses it for RL and evaluation, and ``load_weights`` raises.
 """
 

@@ -59,9 +59,9 @@ def resolve_device(name: str) -> torch.device:
 
 def apply_run_settings(run: RunConfig) -> None:
     """This process's torch settings from ``[run]``: ``run.threads`` intra-op threads (0 keeps
-    torch's default) and, with ``run.deterministic``, deterministic kernels (module doc). Call it before the first CUDA operation of the process: cuBLAS reads its
-    workspace setting when torch first creates a handle. Deterministic mode is process-wide and
-    stays on."""
+    torch's default) and, with ``run.deterministic``, deterministic kernels (module doc). Call it
+    before the first CUDA operation of the process: cuBLAS reads its workspace setting when torch
+    first creates a handle. Deterministic mode is process-wide and stays on."""
     if run.threads:
         torch.set_num_threads(run.threads)
     if not run.deterministic:

@@ -101,8 +101,7 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor, aux_coef: float = 0.0,
         targets = split_sequence(targets, world.cp, world.cp_rank)
     else:
         out = model(input_ids=inputs, **extra)
-    logits = out.logits.float()  # [B, T, V] (T / cp under context parallelism)
-    ce = target_nll(logits, targets).mean()
+    ce = target_nll(out.logits, targets).mean()  # logits [B, T, V] (T / cp under context parallelism)
     metrics = {"loss": ce.item()}
     loss = ce * ce_weight if ce_weight != 1.0 else ce
     if want_aux and getattr(out, "aux_loss", None) is not None:

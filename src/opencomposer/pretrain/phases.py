@@ -275,8 +275,7 @@ def packed_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.T
 
 def token_losses(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of every target of packed rows, ``[B, T]``."""
-    logits = packed_forward(model, ids, positions).logits.float()
-    return target_nll(logits, ids[:, 1:])
+    return target_nll(packed_forward(model, ids, positions).logits, ids[:, 1:])
 
 
 @dataclass
@@ -337,8 +336,7 @@ def lm_step_loss(model: torch.nn.Module, data: StepData) -> tuple[torch.Tensor, 
     rank and averaged over the ranks, as data-parallel MoE training does)."""
     aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
     out = data.lm_forward(model)
-    logits = out.logits.float()
-    ce = target_nll(logits, data.lm_targets()).mean()
+    ce = target_nll(out.logits, data.lm_targets()).mean()
     loss = ce * data.lm_share
     metrics = {"lm_loss": loss.item()}
     if aux_coef > 0 and getattr(out, "aux_loss", None) is not None:

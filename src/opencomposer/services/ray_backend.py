@@ -70,8 +70,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from opencomposer.config import Config
-from opencomposer.model.device import apply_run_settings
+from opencomposer.config import Config, ConfigError
+from opencomposer.model.device import apply_run_settings, resolve_device
 from opencomposer.services.inference import RemoteInference, load_policy
 from opencomposer.types import Completion, Group, SamplingParams, Task
 
@@ -410,8 +410,6 @@ def check_gpu_requests(config: Config, node_gpus: list[float], evaluation: bool)
     """Refuse GPU requests Ray could never place (``node_gpus``: each node's GPUs): Ray would keep
     the actor pending, and the run would wait for an engine that never starts. An actor's GPUs are
     on one node; the inference and evaluation actors together need the cluster to hold both."""
-    from opencomposer.config import ConfigError
-
     services = config.services
     asked = {"ray_inference_gpus": services.ray_inference_gpus,
              "ray_evaluation_gpus": services.ray_evaluation_gpus if evaluation else 0.0}
@@ -428,8 +426,6 @@ def check_gpu_requests(config: Config, node_gpus: list[float], evaluation: bool)
     if config.inference.backend == "vllm" and 0 < services.ray_inference_gpus < tp:
         raise ConfigError(f"services.ray_inference_gpus = {services.ray_inference_gpus:g} is fewer than the "
                           f"{tp} GPUs of inference.tensor_parallel_size")
-    from opencomposer.model.device import resolve_device
-
     trains_on_gpu = resolve_device(config.run.device).type == "cuda"  # the driver's device, the trainer's
     if trains_on_gpu and config.inference.backend == "local" and not services.ray_inference_gpus:
         log.warning("services.ray_inference_gpus = 0: the inference actor asks Ray for no GPU and samples on the "
