@@ -52,7 +52,7 @@ import torch
 from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.policies.scripted import ScriptedPolicy, oracle_script
 from opencomposer.config import load_recipe
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.inference import LocalEngine
 from opencomposer.model.loading import load_model
 from opencomposer.tasks.generators.long import (

@@ -1,4 +1,4 @@
-"""Task environments (``tasks.environment``): build time cold and cached, and how many distinct
+"""Task environments (``sandbox.venv``): build time cold and cached, and how many distinct
 environments a mined history needs.
 
 1. **cold**: a fresh cache, then ``prepare_environment`` of a src-layout repository whose one
@@ -31,7 +31,7 @@ import zipfile
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig
-from opencomposer.tasks.environment import (
+from opencomposer.sandbox.venv import (
     REQUIREMENT_FILES,
     SETUP_FILES,
     EnvironmentSpec,

@@ -150,7 +150,7 @@ def test_inference_and_evaluation_services_go_through_the_factory(tiny, vllm_sta
 def test_local_policy_and_serve_go_through_the_factory(tiny, vllm_stand_in, tmp_path):
     from opencomposer.agent.policies.local import local_policy
     from opencomposer.model.loading import save_checkpoint
-    from opencomposer.services.openai_server import ChatModel, ServerConfig
+    from opencomposer.serve.server import ChatModel, ServerConfig
 
     model, tokenizer = tiny
     save_checkpoint(model, tokenizer, tmp_path)

@@ -15,7 +15,7 @@ from opencomposer.agent.policies.http import OpenAIPolicy
 from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.policies.scripted import ScriptedPolicy
 from opencomposer.config import SandboxConfig
-from opencomposer.envs.grading import GradeCache
+from opencomposer.grading.grade import GradeCache
 from opencomposer.inference.batching import BatchingSession
 from opencomposer.inference.local import LocalEngine
 from opencomposer.rl.trainer import Trainer

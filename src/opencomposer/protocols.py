@@ -10,7 +10,7 @@ talks to. The records that cross the seams (``SamplingParams``, ``Completion``, 
 | ``Policy``     | ``agent.policies``: local, scripted, OpenAI-compatible HTTP | Ray actors          |
 | ``Summarizer`` | test doubles                                   | self-summary, compaction, truncation |
 | ``Workspace``  | ``sandbox.Sandbox``                            | remote environment workers       |
-| ``Grader``     | ``envs.grading.GradeCache``                    | graders in environment services  |
+| ``Grader``     | ``grading.grade.GradeCache``                    | graders in environment services  |
 | ``WeightSink`` | ``LocalEngine``                                | the weight store's subscribers   |
 
 The four services of asynchronous RL (docs/services.md), each with an embedded and a Ray backend:

@@ -106,7 +106,7 @@ class Task:
 
 @dataclass(frozen=True, kw_only=True)
 class Grade:
-    """What grading one finished episode gave (``envs.grading.grade``; docs/task-format.md).
+    """What grading one finished episode gave (``grading.grade.grade``; docs/task-format.md).
 
     The field names are the names of ``reward.json``, which ``to_json`` writes as numbers
     (booleans as 1.0/0.0, counts as floats) exactly as the grader always has, so readers of
@@ -129,12 +129,12 @@ class Grade:
     test_timed_out: bool
     """The test command ran past ``grading.timeout_s`` and was stopped."""
     tampered: bool = False
-    """The change interfered with the test run (``envs.integrity``, ``envs.testrun``); such a grade
+    """The change interfered with the test run (``grading.integrity``, ``grading.testrun``); such a grade
     is unresolved with both test fractions 0."""
     diff_round_trip_failed: bool = False
     """A harness bug, not the agent's doing: the diff of the agent's workspace did not rebuild it
     (``sandbox.patch.DiffRoundTripError``), so the workspace itself was graded and the diff's sizes
-    below may be wrong. ``envs.rollout.run_episode`` logs it as an error."""
+    below may be wrong. ``episode.run_episode`` logs it as an error."""
     rubric_ok: bool
     """The rubric holds (or the task has none)."""
     files_changed: int

@@ -12,7 +12,7 @@ import pytest
 
 from opencomposer.agent.policies.scripted import ScriptedPolicy, _minimal_edits, explore_script, oracle_script
 from opencomposer.config import Config, ConfigError, SFTConfig, TasksConfig
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.sandbox.patch import file_diff, parse_patch
 from opencomposer.tasks.generators.registry import TaskFactory, generate
 from opencomposer.types import EpisodeStatus, Task

@@ -9,7 +9,7 @@ from opencomposer.agent.policies.scripted import ScriptedPolicy, call, oracle_sc
 from opencomposer.agent.protocol import message_dicts
 from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import Config
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import load_task
 from opencomposer.types import EpisodeStatus, Message, TokenKind

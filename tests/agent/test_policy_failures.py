@@ -11,7 +11,7 @@ import pytest
 
 from opencomposer.agent.policies.scripted import ScriptedPolicy, call, oracle_script
 from opencomposer.config import Config
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.model.tokenizer import CHAT_TEMPLATE
 from opencomposer.tasks.format import load_task
 from opencomposer.types import EpisodeStatus, PolicyOutput

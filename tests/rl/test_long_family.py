@@ -17,7 +17,7 @@ from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policies.scripted import NotedTurn, ScriptedPolicy, oracle_script
 from opencomposer.agent.protocol import encode, format_tool_call
 from opencomposer.config import ConfigError, load_recipe
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.tasks.generators import long
 from opencomposer.tasks.generators.long import CONTEXT_WINDOW, FILLER_LINES, LENGTHS, WORDS, LongSpec
 from opencomposer.tasks.generators.tiny import FAMILIES, split_size, tiny_spec, verify_task, write_tiny_task
@@ -151,7 +151,7 @@ def test_sft_demonstrations_and_the_rl_stream_take_the_family(tmp_path):
 @pytest.mark.bwrap
 def test_gold_resolves_and_the_untouched_workspace_does_not(tmp_path):
     from opencomposer.config import GradingConfig
-    from opencomposer.envs.grading import grade
+    from opencomposer.grading.grade import grade
 
     for split in ("train", "heldout"):
         _, task = written(tmp_path, 0, split, 0)

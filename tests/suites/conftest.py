@@ -1,7 +1,7 @@
 """Shared helpers for the content checks of the built-in suites (``opencomposer/suites``).
 
 Task states are built in temporary folders and their tests run through the harness's runner
-(``envs.testrun.run_tests`` in a sandbox made from the folder), so the node ids checked here are
+(``grading.testrun.run_tests`` in a sandbox made from the folder), so the node ids checked here are
 the ids grading looks up; the oracle and do-nothing policies through the whole harness are tested
 in ``test_oracle_sweep.py``.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import opencomposer
-from opencomposer.envs.testrun import TestRun, run_tests
+from opencomposer.grading.testrun import TestRun, run_tests
 from opencomposer.sandbox.workspace import Sandbox
 
 SUITES = Path(opencomposer.__file__).parent / "suites"

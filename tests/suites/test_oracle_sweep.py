@@ -1,7 +1,7 @@
 """The hand-written suite through the real harness: the oracle resolves every task, doing nothing
 resolves none.
 
-Each episode is ``envs.rollout.run_episode`` with ``make_policy("oracle" | "noop", config)``: a
+Each episode is ``episode.run_episode`` with ``make_policy("oracle" | "noop", config)``: a
 sandbox made from the task's ``repo/``, the agent loop and its tools, then the grader. The oracle
 replays ``solution/gold.patch`` through the tools, or, for the three tasks that must not edit code,
 answers with ``solution/answer.md``. A sample of four tasks (one of them a no-edit question) runs
@@ -16,7 +16,7 @@ import pytest
 
 from opencomposer.agent.policy import make_policy
 from opencomposer.config import Config
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.tasks.format import load_suite
 from opencomposer.types import EpisodeStatus
 

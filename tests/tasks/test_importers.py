@@ -11,7 +11,7 @@ import pytest
 
 from opencomposer.agent.policies.scripted import noop_policy, oracle_policy
 from opencomposer.config import Config
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.sandbox.patch import apply_patch
 from opencomposer.tasks.exporters import export_harbor, export_swebench_predictions
 from opencomposer.tasks.format import TaskFormatError, load_suite

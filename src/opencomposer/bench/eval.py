@@ -32,7 +32,7 @@ from typing import Any
 from opencomposer.agent.policy import Policy
 from opencomposer.bench.summary import end_reason, row_grade, summarize
 from opencomposer.config import Config
-from opencomposer.envs.rollout import run_episode
+from opencomposer.episode import run_episode
 from opencomposer.training.progress import ProgressBar
 from opencomposer.types import Episode, EpisodeStatus, Task
 

@@ -1,5 +1,5 @@
 """``opencomposer serve --model PATH``: an OpenAI-compatible server over a checkpoint
-(``services.openai_server``). Exits 2 with a one-line message for an unknown model or a taken port."""
+(``serve.server``). Exits 2 with a one-line message for an unknown model or a taken port."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 
 def main(args: argparse.Namespace) -> int:
-    from opencomposer.services.openai_server import ServeError, ServerConfig, serve
+    from opencomposer.serve.server import ServeError, ServerConfig, serve
 
     try:
         serve(ServerConfig(model=args.model, host=args.host, port=args.port))

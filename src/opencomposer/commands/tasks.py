@@ -32,7 +32,7 @@ def check_main(args: argparse.Namespace) -> int:
 
 def import_main(args: argparse.Namespace) -> int:
     from opencomposer.tasks import importers
-    from opencomposer.tasks.environment import EnvironmentSpec, EnvironmentSpecError, parse_environment
+    from opencomposer.sandbox.venv import EnvironmentSpec, EnvironmentSpecError, parse_environment
 
     out = Path(args.out)
     try:
@@ -215,7 +215,7 @@ def validate_main(args: argparse.Namespace) -> int:
 def build_env_main(args: argparse.Namespace) -> int:
     """Build the ``[environment]`` of every task under ``args.suite`` (once per distinct
     environment). Exit 1 when a build failed (its log is named), 2 when the suite is unreadable."""
-    from opencomposer.tasks.environment import (
+    from opencomposer.sandbox.venv import (
         EnvironmentBuildError,
         EnvironmentSpecError,
         build_environment,

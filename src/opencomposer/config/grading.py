@@ -1,4 +1,4 @@
-"""``[grading]``: how finished episodes are graded (``opencomposer.envs.grading``)."""
+"""``[grading]``: how finished episodes are graded (``opencomposer.grading.grade``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from opencomposer.config.section import ConfigError, Section
 
 @dataclass
 class GradingConfig(Section):
-    """How finished episodes are graded (``opencomposer.envs.grading``; docs/task-format.md)."""
+    """How finished episodes are graded (``opencomposer.grading.grade``; docs/task-format.md)."""
 
     section = "grading"
 
@@ -23,7 +23,7 @@ class GradingConfig(Section):
     """Count ruff findings on touched files before and after the change (``lint_added``)."""
     cache: bool = True
     """In RL runs, grade an identical change to the same task once and reuse the grade
-    (``envs.grading.GradeCache``): the rollouts of a group often end in the same diff, and every
+    (``grading.grade.GradeCache``): the rollouts of a group often end in the same diff, and every
     evaluation grades the same held-out tasks. Turn off for tasks whose tests are flaky."""
     autoload_plugins: bool = False
     """Let pytest load every installed plugin. Off, only pytest-timeout is loaded (``-p``): a large

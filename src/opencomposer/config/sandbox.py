@@ -52,7 +52,7 @@ class SandboxConfig(Section):
 
     env_cache_dir: str = ""
     """Folder of the built task environments (``[environment]`` in a task's ``task.toml``;
-    ``tasks.environment``), one virtual environment per definition; empty:
+    ``sandbox.venv``), one virtual environment per definition; empty:
     ``$OPENCOMPOSER_HOME/task-envs``. It can be deleted between runs (environments are rebuilt on
     first use)."""
     env_build_timeout_s: float = 1800.0

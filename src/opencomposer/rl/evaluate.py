@@ -31,7 +31,7 @@ import numpy as np
 
 from opencomposer.agent.context import chain_metrics
 from opencomposer.config import Config
-from opencomposer.envs.grading import grade
+from opencomposer.grading.grade import grade
 from opencomposer.inference.batching import BatchingEngine
 from opencomposer.rl.rewards import episode_reward
 from opencomposer.rl.rollouts import episode_seed, run_groups
@@ -52,7 +52,7 @@ def evaluate(
     record: Path | None = None,
 ) -> dict[str, float]:
     """Run ``rl.eval_samples`` episodes of each task; returns the metrics named in the module doc.
-    ``grader`` as in ``envs.rollout.run_episode``; ``record``: a JSON-lines file for the episodes."""
+    ``grader`` as in ``episode.run_episode``; ``record``: a JSON-lines file for the episodes."""
     samples = config.rl.eval_samples
     seeds = [[episode_seed(config.run.seed, "eval", t, j) for j in range(samples)] for t in range(len(tasks))]
     groups = run_groups(tasks, batcher, tokenizer, config, group_size=samples, seeds=seeds, out_dir=out_dir,

@@ -135,7 +135,7 @@ class RLRun:
             self._check_stream_matches_record(checkpoint)
         atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
         self.batcher = self._sampler()
-        from opencomposer.envs.grading import GradeCache, grade
+        from opencomposer.grading.grade import GradeCache, grade
 
         self.grades = GradeCache() if config.grading.cache else None
         self.grader = self.grades.grade if self.grades else grade

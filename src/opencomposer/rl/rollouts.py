@@ -1,6 +1,6 @@
 """Rollouts for a step: G episodes of each of B tasks in the real harness, their model calls batched.
 
-Each episode is ``envs.rollout.run_episode`` (sandbox, agent loop, grading) in a thread of its
+Each episode is ``episode.run_episode`` (sandbox, agent loop, grading) in a thread of its
 own, with an ``EnginePolicy`` over a ``BatchingSession``, so the turns that episodes ask for at
 the same time go through one ``generate`` call, and the first turns of a task's G rollouts (one
 identical prompt) share one prefill. Every episode has its own seed, so what it samples does not
@@ -28,8 +28,8 @@ import numpy as np
 from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.protocol import parse_turn
 from opencomposer.config import Config
-from opencomposer.envs.grading import grade
-from opencomposer.envs.rollout import run_episode
+from opencomposer.grading.grade import grade
+from opencomposer.episode import run_episode
 from opencomposer.inference.batching import BatchingEngine, BatchingSession
 from opencomposer.types import Context, Episode, Grade, Group, PolicyOutput, Task
 

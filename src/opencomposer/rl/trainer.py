@@ -202,7 +202,7 @@ class Trainer:
             return {}
         out = {
             "resolved_rate": float(np.mean([e.grade.resolved for e in scored])),
-            "tampered_rate": float(np.mean([e.grade.tampered for e in scored])),  # envs.integrity, envs.testrun
+            "tampered_rate": float(np.mean([e.grade.tampered for e in scored])),  # grading.integrity, grading.testrun
             # harness bugs (sandbox.patch DiffRoundTripError): graded from the workspace, counted here
             "diff_round_trip_failures": float(sum(e.grade.diff_round_trip_failed for e in scored)),
             "episode_tokens": float(np.mean([sum(len(t.token_ids) for t in e.turns) for e in scored])),

@@ -7,7 +7,7 @@
 - ``patch``: git diffs of workspace trees that round-trip byte for byte, and applying them;
 - ``gitformat``: the byte-level parts of git's patch format (quoted names, blob ids, binary hunks).
 
-Not here: what runs inside (the agent's tools in ``agent``, grading in ``envs``).
+Not here: what runs inside (the agent's tools in ``agent``, grading in ``grading``).
 """
 
 from opencomposer.sandbox.jail import bwrap_available

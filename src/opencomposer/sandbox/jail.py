@@ -83,7 +83,7 @@ class BwrapCommandLine:
         self.wrapped = setuid and os.geteuid() != 0
         head = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                 "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--cap-drop", "ALL"]
-        if network:  # only a task environment's build asks for it (tasks.environment): never agent or test code
+        if network:  # only a task environment's build asks for it (sandbox.venv): never agent or test code
             head.append("--share-net")
         for path in _SYSTEM_DIRS:
             if os.path.islink(path):

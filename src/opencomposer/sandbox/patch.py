@@ -85,7 +85,7 @@ class DiffRoundTripError(RuntimeError):
     """A bug of the harness: a diff ``diff_trees`` wrote does not turn the old tree into the new one.
 
     Never the policy's doing, so neither scored as its failure nor dropped quietly as an
-    infrastructure error: ``envs.rollout.run_episode`` logs it as an error and grades the workspace
+    infrastructure error: ``episode.run_episode`` logs it as an error and grades the workspace
     itself (``Grade.diff_round_trip_failed``). ``diff`` is the text, ``paths`` the paths it gets wrong."""
 
     def __init__(self, message: str, diff: str, paths: list[str]):

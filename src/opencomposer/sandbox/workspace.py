@@ -31,8 +31,8 @@ the workspace (no ``..``, no symlink pointing out, regular files only).
 ``sandbox.isolation = "none"`` runs commands directly on the host with the same rlimits and timeout
 but none of the isolation; it is for machines without bubblewrap and warns loudly each time.
 
-A task may bring its own Python environment (``tasks.environment``: a virtual environment built
-once per definition and cached). ``Sandbox(..., environment=SandboxEnvironment(...))`` binds it
+A task may bring its own Python environment (``sandbox.venv``: a virtual environment built
+once per definition and cached). ``Sandbox(..., environment=TaskEnvironment(...))`` binds it
 read-only at its host path, puts its ``bin`` first on PATH in place of opencomposer's interpreter
 (so ``python``, ``python3`` and ``pytest`` are the task's), sets ``VIRTUAL_ENV`` and puts the
 environment's workspace folders (a src layout's ``src``) on ``PYTHONPATH`` after whatever the caller
@@ -100,8 +100,8 @@ class PathOutsideWorkspace(ValueError):
 
 
 @dataclass(frozen=True)
-class SandboxEnvironment:
-    """A task's built Python environment as the sandbox uses it (``tasks.environment`` makes it).
+class TaskEnvironment:
+    """A task's built Python environment as the sandbox uses it (``sandbox.venv`` makes it).
 
     ``root``: the environment folder, bound read-only at the same path (a virtual environment's
     scripts name it by absolute path). ``bin_dir`` replaces opencomposer's interpreter folder at the
@@ -135,7 +135,7 @@ class Sandbox:
     """
 
     def __init__(self, repo: Path | str | None, config: SandboxConfig | None = None, workdir: str = DEFAULT_WORKDIR,
-                 *, environment: SandboxEnvironment | None = None, mounts: Sequence[Mount] = (),
+                 *, environment: TaskEnvironment | None = None, mounts: Sequence[Mount] = (),
                  network: bool = False):
         self.config = config or SandboxConfig()
         self.environment = environment

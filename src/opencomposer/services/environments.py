@@ -22,8 +22,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from opencomposer.config import Config
-from opencomposer.envs.grading import grade
-from opencomposer.envs.rollout import run_episode
+from opencomposer.grading.grade import grade
+from opencomposer.episode import run_episode
 from opencomposer.rl.rollouts import SessionPolicy
 from opencomposer.services.faults import FaultPlan, WorkerDied, fire
 from opencomposer.types import Context, Episode, EpisodeStatus, Group, PolicyOutput, Task

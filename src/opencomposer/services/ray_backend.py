@@ -89,7 +89,7 @@ CONTROL_CALLS = 4  # inference threads kept for sessions and weights, never held
 
 def _grader(config: Config) -> Any:
     """A grader of this process, as ``RLRun`` builds it (a ``GradeCache`` holds locks: not picklable)."""
-    from opencomposer.envs.grading import GradeCache, grade
+    from opencomposer.grading.grade import GradeCache, grade
 
     return GradeCache().grade if config.grading.cache else grade
 

@@ -6,6 +6,6 @@
 - ``mining``: tasks from a git history;
 - ``validation``: re-grading gold and untouched states; ``stats``: sizes of a suite.
 
-Not here: running an episode on a task (``envs.rollout``) or grading one (``envs.grading``); this
-package sits above ``envs`` and uses them.
+Not here: running an episode on a task (``episode``) or grading one (``grading.grade``); this
+package sits above ``grading`` and uses them.
 """

@@ -11,7 +11,7 @@ in a content-addressed cache, so ``Task.repo`` is always a folder and the sandbo
 the oracle never see the difference.
 
 Not here: importers from other formats (``tasks.importers``), exporters (``tasks.exporters``),
-grading (``envs.grading``).
+grading (``grading.grade``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import Any
 import opencomposer
 from opencomposer.io import atomic_directory, atomic_write_text, cache_dir
 from opencomposer.sandbox.patch import PatchError, apply_patch, copy_tree, diff_trees, list_files, parse_patch
-from opencomposer.tasks.environment import EnvironmentSpec, EnvironmentSpecError, parse_environment
+from opencomposer.sandbox.venv import EnvironmentSpec, EnvironmentSpecError, parse_environment
 from opencomposer.types import Budgets, Task
 
 TASK_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 TOP_LEVEL_KEYS = ("id", "test_command", "protected_paths", "workdir", "repo", "metadata", "budgets", "environment")
 VERIFIER_DIR, VERIFIER_SCRIPT = "verifier", "test.sh"
-"""A Harbor verifier: ``verifier/test.sh`` (with its helpers) grades the task (``envs.grading``)."""
+"""A Harbor verifier: ``verifier/test.sh`` (with its helpers) grades the task (``grading.grade``)."""
 REPO_KEYS = ("base", "setup_patch")
 SETUP_PATCH = "setup.patch"
 PROJECTS_DIR = Path(opencomposer.__file__).parent / "suites" / "projects"
@@ -110,7 +110,7 @@ def load_task(folder: Path | str) -> Task:
     budgets = _check_budgets(data.get("budgets", {}), toml_path)
     if "environment" in data:
         try:
-            parse_environment(data["environment"])  # read again where it is used (tasks.environment)
+            parse_environment(data["environment"])  # read again where it is used (sandbox.venv)
         except EnvironmentSpecError as e:
             raise TaskFormatError(toml_path, f"environment.{e.field}" if e.field else "environment",
                                   e.problem) from None
@@ -418,7 +418,7 @@ def write_task(
     ``resolve_base``) it is stored as that base plus ``setup.patch``, the difference written by
     ``diff_trees``; a ``repo`` the patch cannot reproduce exactly (binary or non-UTF-8 files that
     differ from the base) raises ``ValueError``. ``environment`` becomes the ``[environment]``
-    table (``tasks.environment``); ``verifier`` (a folder or {path: text} map holding ``test.sh``)
+    table (``sandbox.venv``); ``verifier`` (a folder or {path: text} map holding ``test.sh``)
     the Harbor verifier folder ``verifier/`` that grades the task instead of the test lists."""
     folder = Path(folder)
     if folder.exists():

@@ -10,7 +10,7 @@
   or a folder with one checkout per repository (``name``, ``owner__name`` or ``owner/name``).
   ``repo/`` is the tree at ``base_commit``, the files the ``test_patch`` touches become hidden (and
   protected) tests, ``patch`` the gold patch, and ``[environment]`` the repository's own install
-  (``tasks.environment.detect_repo_environment``: pyproject, setup.cfg/setup.py, requirement
+  (``sandbox.venv.detect_repo_environment``: pyproject, setup.cfg/setup.py, requirement
   files; the repository imported from the workspace). Only pytest-based repositories fit (their
   FAIL_TO_PASS ids are pytest node ids).
 - **Harbor / Terminal-Bench 2** folders: ``environment/`` (its Dockerfile's ``COPY`` into the
@@ -19,7 +19,7 @@
   lines, ``python ...`` commands; every other line is reported as unsupported and skipped: system
   packages are not reproduced). A ``tests/test.sh`` that writes Harbor's reward
   (``/logs/verifier/reward.txt`` or ``reward.json``) becomes the task's verifier (``verifier/``,
-  run as Harbor runs it: ``envs.grading``); without one, ``tests/*.py`` are the hidden tests (every
+  run as Harbor runs it: ``grading.grade``); without one, ``tests/*.py`` are the hidden tests (every
   ``test_*`` function must pass). ``solution/solve.sh`` is run in a sandbox to derive the gold
   patch. Folders exported by ``tasks.exporters.export_harbor`` import back exactly.
 
@@ -57,7 +57,7 @@ from opencomposer.sandbox.patch import (
     parse_patch,
 )
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
-from opencomposer.tasks.environment import EnvironmentSpec, detect_repo_environment
+from opencomposer.sandbox.venv import EnvironmentSpec, detect_repo_environment
 from opencomposer.tasks.format import TASK_ID, TaskFormatError, write_task
 from opencomposer.types import Task
 
@@ -544,7 +544,7 @@ def _solution_patch(repo: Path, solution: Path, workdir: str, config: SandboxCon
                     spec: EnvironmentSpec | None = None) -> str | None:
     """Run solve.sh in a sandbox over a copy of the repo (in the task's environment, built here if
     it has one); its change is the gold patch."""
-    from opencomposer.tasks.environment import EnvironmentBuildError, prepare_environment
+    from opencomposer.sandbox.venv import EnvironmentBuildError, prepare_environment
 
     try:
         bound = prepare_environment(spec, repo, config)[0] if spec is not None else None

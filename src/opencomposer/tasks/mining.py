@@ -17,7 +17,7 @@ nothing is written for them.
 
 **Environment.** A repository with packaging files (``pyproject.toml``, ``setup.cfg``,
 ``setup.py``) or a src layout gets an ``[environment]`` (``detect_environment``): its declared
-dependencies installed into a task environment (``tasks.environment``; at the parent commit, the
+dependencies installed into a task environment (``sandbox.venv``; at the parent commit, the
 task's starting point) and its own code imported from the workspace (``src`` for a src layout), so
 the default ``python -m pytest -q`` works on a src-layout package without a hand-written test
 command. Commits whose dependencies are the same share one environment. ``mine(...,
@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig, TasksConfig
-from opencomposer.tasks.environment import (
+from opencomposer.sandbox.venv import (
     REQUIREMENT_FILES,
     SETUP_FILES,
     EnvironmentSpec,
@@ -117,7 +117,7 @@ def task_id_for(repo: Path, sha: str) -> str:
 
 def detect_environment(tree: Tree, base: EnvironmentSpec | None = None) -> EnvironmentSpec | None:
     """The ``[environment]`` of a mined task whose starting repository is ``tree``
-    (``tasks.environment.detect_repo_environment`` on its packaging and requirement files and
+    (``sandbox.venv.detect_repo_environment`` on its packaging and requirement files and
     its layout); ``base`` when it has none of them. A ``base`` with ``install_repo`` is used as is."""
     if base is not None and base.install_repo:
         return base

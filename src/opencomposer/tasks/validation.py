@@ -1,7 +1,7 @@
 """Re-check task folders through the real grader: does the gold state still resolve, does the
 untouched repository still fail? (``opencomposer tasks validate DIR``)
 
-``check_task`` grades a task twice with ``envs.grading.grade``, in the sandbox:
+``check_task`` grades a task twice with ``grading.grade.grade``, in the sandbox:
 
 - **gold**: the gold patch (with ``solution/answer.md`` as the final message for tasks that must
   not edit code) must resolve the task;
@@ -52,7 +52,7 @@ def reference_answer(task: Task) -> str | None:
 
 def check_task(task: Task, sandbox: SandboxConfig | None = None, grading: GradingConfig | None = None) -> Check:
     """Grade the gold and the untouched state of ``task``; ``problems`` lists every disagreement."""
-    from opencomposer.envs.grading import GradingInfraError, grade
+    from opencomposer.grading.grade import GradingInfraError, grade
 
     grading = grading or GradingConfig(lint=False)
     started = time.monotonic()

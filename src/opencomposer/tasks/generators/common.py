@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.config import GradingConfig, SandboxConfig, TasksConfig
-from opencomposer.envs.testrun import TestRun, run_tests
+from opencomposer.grading.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import file_diff
-from opencomposer.sandbox.workspace import Sandbox, SandboxEnvironment
-from opencomposer.tasks.environment import EnvironmentSpec, prepare_environment
+from opencomposer.sandbox.workspace import Sandbox, TaskEnvironment
+from opencomposer.sandbox.venv import EnvironmentSpec, prepare_environment
 from opencomposer.tasks.format import PROJECTS_DIR, write_task
 from opencomposer.tasks.generators.source import (
     SourceRepo,
@@ -84,7 +84,7 @@ class Candidate:
     metadata: dict[str, Any]
     label: str
     environment: EnvironmentSpec | None = None
-    """The task's ``[environment]`` (``tasks.environment``); None runs on opencomposer's Python."""
+    """The task's ``[environment]`` (``sandbox.venv``); None runs on opencomposer's Python."""
 
     def gold_state(self) -> Tree:
         return {**self.gold_code, **self.grading_tests}
@@ -107,7 +107,7 @@ class Lab:
     """Runs tests in the sandbox with the generation settings, caching runs by tree content.
 
     Mutated or mined code is untrusted (it may loop forever, fork, fill the disk), so every run
-    writes its tree into a fresh sandbox and goes through ``envs.testrun.run_tests``, the runner
+    writes its tree into a fresh sandbox and goes through ``grading.testrun.run_tests``, the runner
     grading uses: the node ids listed here are the ids grading looks up.
 
     Thread-safe: parallel workers asking for the same tree wait for one run."""
@@ -122,16 +122,16 @@ class Lab:
         self._lock = threading.Lock()
         self.runs_done = 0
 
-    def environment(self, tree: Tree, spec: EnvironmentSpec | None) -> SandboxEnvironment | None:
+    def environment(self, tree: Tree, spec: EnvironmentSpec | None) -> TaskEnvironment | None:
         """The sandbox environment ``spec`` gives for the repository ``tree`` (built on first use and
-        cached by ``tasks.environment``); None without a spec. A failed build raises
+        cached by ``sandbox.venv``); None without a spec. A failed build raises
         ``EnvironmentBuildError``."""
         if spec is None:
             return None
         with tempfile.TemporaryDirectory(prefix="opencomposer-env-") as tmp:
             return prepare_environment(spec, write_tree(tree, Path(tmp) / "repo"), self.sandbox)[0]
 
-    def run(self, tree: Tree, test_command: str, environment: SandboxEnvironment | None = None) -> TestRun:
+    def run(self, tree: Tree, test_command: str, environment: TaskEnvironment | None = None) -> TestRun:
         key = (tree_digest(tree), test_command, repr(environment))
         with self._lock:
             if key in self._runs:
@@ -156,7 +156,7 @@ class Lab:
         """Run both states and compare; raises ``Rejected`` when the pair cannot make a task. With an
         ``environment``, both run in the one built from the broken state (the task's starting
         repository), as grading will run them; a build that fails rejects the candidate."""
-        from opencomposer.tasks.environment import EnvironmentBuildError
+        from opencomposer.sandbox.venv import EnvironmentBuildError
 
         try:
             bound = self.environment(broken_state, environment)

@@ -18,7 +18,7 @@ back only after the whole pool went by, and then with a new prompt draw.
 Splits are by source project: the training split draws from ``tasks.train_projects`` (inventory,
 textkit, confkit by default), the held-out split from ``tasks.heldout_projects`` (ledger,
 scheduler). The two lists may not overlap (``TasksConfig.validate``), so no file of any source
-project, in any state, appears in both; ``tests/envs/test_generators_streams.py`` checks it on
+project, in any state, appears in both; ``tests/grading/test_generators_streams.py`` checks it on
 generated tasks. A split by module inside one project would not do: the untouched modules of a
 held-out task would be files the model trained on.
 

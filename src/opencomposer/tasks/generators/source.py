@@ -8,7 +8,7 @@ folder the user points at. Reading skips version control (``.git``), caches (``_
 (``*~``, ``*.orig``, ``*.rej``, ``.*.swp``), virtual environments and build outputs, so a task repository written from a tree carries no bytecode, no type-checker cache
 and no history that could reveal deleted or original code (RECIPE.md §9, the reward hacks).
 
-Not here: running tests (``envs.testrun``), editing code (``generators.edits``).
+Not here: running tests (``grading.testrun``), editing code (``generators.edits``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from opencomposer.envs.integrity import TEST_DIR_NAMES, is_test_path
+from opencomposer.grading.integrity import TEST_DIR_NAMES, is_test_path
 from opencomposer.sandbox.patch import IGNORED_NAMES, IGNORED_SUFFIXES
 from opencomposer.tasks.format import PROJECTS_DIR
 

@@ -257,7 +257,7 @@ def write_tiny_task(
 
 def verify_task(task: Task, sandbox: SandboxConfig | None = None, grading: GradingConfig | None = None) -> None:
     """Raise ``ValueError`` unless the gold change resolves ``task`` and no change leaves it unresolved."""
-    from opencomposer.envs.grading import grade
+    from opencomposer.grading.grade import grade
 
     grading = grading or GradingConfig(lint=False)
     gold = grade(task, task.gold_patch or "", None, sandbox, grading)

@@ -23,9 +23,9 @@ the test command must not change (``protected``: the task's protected paths, its
 conftest and configuration file, and the test files (``is_test_path``) the change left as the task
 has them; mounted read-only, and the only workspace code the recording plugin trusts) and the
 hidden test sources the code under test may not read (``hidden``). A test file the agent changed
-outside the protected paths is not trusted: its tests count as errors (``envs.pytest_plugin``).
+outside the protected paths is not trusted: its tests count as errors (``grading.pytest_plugin``).
 
-Not here: running the tests and checking what the run reports (``envs.testrun``).
+Not here: running the tests and checking what the run reports (``grading.testrun``).
 """
 
 from __future__ import annotations

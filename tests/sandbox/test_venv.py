@@ -1,4 +1,4 @@
-"""Task environments (``[environment]``, ``tasks.environment``) on real repositories with a dependency.
+"""Task environments (``[environment]``, ``sandbox.venv``) on real repositories with a dependency.
 
 Nothing is fetched: the dependency is a wheel written here (``tinydep``) and every build runs with
 ``sandbox.env_build_network = false`` and ``find_links`` at that wheel, so pip installs from it
@@ -18,9 +18,9 @@ import pytest
 
 from opencomposer.cli import main
 from opencomposer.config import GradingConfig, SandboxConfig
-from opencomposer.envs.grading import GradingInfraError, grade, read_reward
+from opencomposer.grading.grade import GradingInfraError, grade, read_reward
 from opencomposer.sandbox.workspace import Sandbox
-from opencomposer.tasks.environment import (
+from opencomposer.sandbox.venv import (
     EnvironmentBuildError,
     EnvironmentSpec,
     EnvironmentSpecError,
@@ -317,7 +317,7 @@ def test_reward_files_are_read_like_harbor(tmp_path: Path):
 def test_an_episode_works_in_the_task_environment_and_a_failed_build_is_infra(tmp_path: Path, offline):
     from opencomposer.agent.policies.scripted import ScriptedPolicy, call
     from opencomposer.config import load_recipe
-    from opencomposer.envs.rollout import run_episode
+    from opencomposer.episode import run_episode
     from opencomposer.types import EpisodeStatus
 
     sandbox_config, wheels = offline

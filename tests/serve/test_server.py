@@ -19,7 +19,7 @@ from opencomposer.agent.policies.http import OpenAIPolicy, openai_messages
 from opencomposer.agent.protocol import TokenTranscript
 from opencomposer.agent.tools import tool_schemas
 from opencomposer.config import HttpPolicyConfig, SamplingConfig
-from opencomposer.services.openai_server import ChatModel, ChatRequest, ChatResult, build_choice
+from opencomposer.serve.server import ChatModel, ChatRequest, ChatResult, build_choice
 from opencomposer.types import Context, Message, Task, ToolCall
 from tests.conftest import skip_missing
 

@@ -5,9 +5,9 @@ Order (docs/task-format.md, "Grading order"):
 1. a fresh sandbox is made from the task's ``repo/`` and the agent's diff is applied to it;
 2. every protected path is restored from ``repo/`` (removed if ``repo/`` lacks it), then
    ``tests/files/`` is overlaid, so editing or deleting tests gains the agent nothing; then
-   ``envs.integrity.secure_workspace`` puts back the task's pytest configuration and conftest
+   ``grading.integrity.secure_workspace`` puts back the task's pytest configuration and conftest
    files and removes interpreter startup hooks and modules that shadow the test stack;
-3. the task's ``test_command`` runs in the sandbox through ``envs.testrun.run_tests`` (outcomes by
+3. the task's ``test_command`` runs in the sandbox through ``grading.testrun.run_tests`` (outcomes by
    node id streamed out of pytest by a recording plugin, the tests and their configuration
    read-only, hidden test sources unreadable by the code under test, a per-test timeout when
    pytest-timeout is installed, no cache);
@@ -19,7 +19,7 @@ Order (docs/task-format.md, "Grading order"):
 Resolution follows the listed tests: failures of unrelated tests do not block it (the exit code
 is recorded as ``test_exit_code``), and a listed test without a result fails. A change that
 tampers with the run (a planted startup hook or a module named like pytest, or a run whose records
-break the stream's rules or show the test machinery replaced: ``envs.testrun``) is graded
+break the stream's rules or show the test machinery replaced: ``grading.testrun``) is graded
 ``tampered``: unresolved, both test fractions 0, whatever the tests reported.
 A test command that runs past ``grading.timeout_s`` scores as failing tests (hanging code is the
 agent's doing). Only failures of the harness itself (the sandbox cannot start, the diff produced by
@@ -31,11 +31,10 @@ and the grade says ``diff_round_trip_failed``.
 
 ``GradeCache`` reuses the grade of an identical change to the same task (``grading.cache``).
 
-**Task environments.** A task with an ``[environment]`` (``tasks.environment``) is graded in its
-environment, built on first use: the sandbox binds it read-only (``sandbox.workspace``). This module
-sits below ``tasks`` and cannot import the builder, so ``tasks.environment`` registers it here
-(``set_environment_provider``) when the task format is imported; a build that fails raises
-``GradingInfraError`` naming the kept build log, never a zero.
+**Task environments.** A task with an ``[environment]`` (``sandbox.venv``) is graded in its
+environment, built on first use by ``sandbox.venv.prepare_task_environment`` and bound read-only
+(``sandbox.workspace``); a build that fails raises ``GradingInfraError`` naming the kept build log,
+never a zero, and a task is never graded on opencomposer's own interpreter in its place.
 
 **Harbor verifiers.** A task folder with ``verifier/test.sh`` is graded the way Harbor grades: its
 ``verifier/`` folder is mounted read-only at ``/tests``, a fresh writable ``/logs/verifier`` beside it,
@@ -47,7 +46,7 @@ what stopped it. Known limit, as in Harbor: code under test that runs during the
 the reward file itself.
 
 Known limit: the tests run the agent's code in the same process as pytest. The defences above
-stop every hack in ``tests/envs/test_red_team.py``; code written to find the recording plugin in
+stop every hack in ``tests/grading/test_red_team.py``; code written to find the recording plugin in
 memory, or a child process that reads the hidden tests, could still get around them
 (docs/harness.md, "Grading integrity").
 """
@@ -65,15 +64,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 from opencomposer.config import GradingConfig, SandboxConfig
-from opencomposer.envs.integrity import Secured, secure_workspace
-from opencomposer.envs.testrun import TestRun, run_tests
+from opencomposer.grading.integrity import Secured, secure_workspace
+from opencomposer.grading.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import DiffStats, PatchError, apply_patch, copy_tree, diff_stats
-from opencomposer.sandbox.workspace import Mount, Sandbox, SandboxEnvironment, SandboxError
+from opencomposer.sandbox.venv import EnvironmentBuildError, prepare_task_environment
+from opencomposer.sandbox.workspace import Mount, Sandbox, TaskEnvironment, SandboxError
 from opencomposer.types import Grade, Task
 
 RUFF_TIMEOUT_S = 120.0
@@ -86,26 +85,12 @@ class GradingInfraError(RuntimeError):
     """Grading could not be carried out; the episode is an infrastructure error, never a zero."""
 
 
-_environment_provider: Callable[[Task, SandboxConfig | None], SandboxEnvironment | None] | None = None
-_build_errors: tuple[type[BaseException], ...] = ()
-
-
-def set_environment_provider(provider: Callable[[Task, SandboxConfig | None], SandboxEnvironment | None],
-                             *errors: type[BaseException]) -> None:
-    """Register what builds a task's environment (``tasks.environment.prepare_task_environment``)
-    and the errors that mean its build failed."""
-    global _environment_provider, _build_errors
-    _environment_provider, _build_errors = provider, tuple(errors)
-
-
-def task_environment(task: Task, sandbox_config: SandboxConfig | None = None) -> SandboxEnvironment | None:
+def task_environment(task: Task, sandbox_config: SandboxConfig | None = None) -> TaskEnvironment | None:
     """The sandbox environment of ``task`` (built on first use), or None when it has none; a failed
     build raises ``GradingInfraError`` (with the build log's path)."""
-    if _environment_provider is None:
-        return None
     try:
-        return _environment_provider(task, sandbox_config)
-    except _build_errors as e:
+        return prepare_task_environment(task, sandbox_config)
+    except EnvironmentBuildError as e:
         raise GradingInfraError(f"the task's environment could not be built: {e}") from e
 
 

@@ -1,11 +1,11 @@
-"""``envs.integrity.secure_workspace``: the task's test infrastructure is put back before the hidden
+"""``grading.integrity.secure_workspace``: the task's test infrastructure is put back before the hidden
 tests run, startup hooks and shadowing modules are taken out, and the right paths are protected."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from opencomposer.envs.integrity import secure_workspace
+from opencomposer.grading.integrity import secure_workspace
 
 PYPROJECT = '[project]\nname = "demo"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\npythonpath = ["src"]\n'
 REPO = {

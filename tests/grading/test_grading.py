@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import GradingConfig
-from opencomposer.envs.grading import GradingInfraError, grade
+from opencomposer.grading.grade import GradingInfraError, grade
 from opencomposer.sandbox.patch import file_diff
 from opencomposer.tasks.format import load_task, write_task
 from opencomposer.types import Grade
@@ -112,7 +112,7 @@ def test_rubric_rules(tmp_path: Path):
 @pytest.mark.bwrap
 def test_ruff_running_past_its_limit_is_a_grader_error(monkeypatch: pytest.MonkeyPatch):
     """lint_added needs ruff's answer; a ruff that hangs is the harness's failure, named as such."""
-    from opencomposer.envs import grading
+    from opencomposer.grading import grade as grading
 
     monkeypatch.setattr(grading, "RUFF_TIMEOUT_S", 0.001)
     task = load_task(FIXTURES / "fix-add")
@@ -142,7 +142,7 @@ def test_grading_works_without_isolation_too():
 
 @pytest.mark.bwrap
 def test_grade_cache_reuses_the_grade_of_an_identical_change(tmp_path: Path):
-    from opencomposer.envs.grading import GradeCache
+    from opencomposer.grading.grade import GradeCache
 
     task = load_task(FIXTURES / "fix-add")
     cache = GradeCache()
@@ -162,7 +162,7 @@ def test_grade_cache_grades_a_key_once_across_threads_and_forgets_failures(monke
     import time
     from types import SimpleNamespace
 
-    from opencomposer.envs import grading
+    from opencomposer.grading import grade as grading
 
     calls = []
 

@@ -2,7 +2,7 @@
 
 ``run_episode`` is what the evaluator and the RL environment service call for every rollout. The
 agent works with the task's own environment (``[environment]`` in ``task.toml``,
-``tasks.environment``: built on first use, bound read-only), the one its tests run in. It
+``sandbox.venv``: built on first use, bound read-only), the one its tests run in. It
 never raises for failures of the harness: an environment that will not build, a sandbox that cannot start, a policy backend that
 fails or a grader that crashes all come back as an ``Episode`` with status ``INFRA_ERROR`` and
 the error text, so they are excluded from scores instead of counted as zeros. A workspace diff
@@ -21,7 +21,7 @@ from pathlib import Path
 from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policy import Policy
 from opencomposer.config import Config
-from opencomposer.envs.grading import GradingInfraError, grade, task_environment
+from opencomposer.grading.grade import GradingInfraError, grade, task_environment
 from opencomposer.sandbox.patch import DiffRoundTripError
 from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.types import Episode, EpisodeStatus, Grade, Task

@@ -1,12 +1,12 @@
 """Run a test command in a sandbox and get the outcome of every test by pytest node id.
 
-This is the one test runner. Grading (``envs.grading``) runs a task's hidden tests with it; the
+This is the one test runner. Grading (``grading.grade``) runs a task's hidden tests with it; the
 generators and the miner (``tasks.generators.common.Lab``) run the tests of the gold and the broken
 state with it to list FAIL_TO_PASS and PASS_TO_PASS; the checks of the built-in suites
 (``tests/suites``) run the projects' tests with it. One runner means the node ids a generator
 writes are the ids grading looks up.
 
-Outcomes come from a small pytest plugin (``envs.pytest_plugin``), loaded through
+Outcomes come from a small pytest plugin (``grading.pytest_plugin``), loaded through
 ``PYTEST_ADDOPTS`` (so any ``test_command`` that runs pytest works) under a module name drawn for
 the run from a folder only this command sees. It writes each test's outcome, under pytest's own
 node id, to a pipe this process reads while the command runs, with a nonce the code under test is
@@ -26,8 +26,8 @@ A command that runs past its limit, crashes before pytest starts or hangs is not
 comes back as an exit code, ``timed_out`` and whatever records arrived. Only a sandbox that cannot
 run the command raises (``SandboxError``).
 
-Not here: what the outcomes mean for a task (``envs.grading``, ``tasks.generators.common``); what
-grading restores before the run (``envs.integrity``).
+Not here: what the outcomes mean for a task (``grading.grade``, ``tasks.generators.common``); what
+grading restores before the run (``grading.integrity``).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def read_records(data: bytes, nonce: str, exit_code: int, timed_out: bool) -> tu
                                                                                    list[str]]:
     """(outcome by node id, tests collected, tampering) from the plugin's record stream.
 
-    Rules of the stream (``envs.pytest_plugin``): every line is a JSON record with the run's nonce;
+    Rules of the stream (``grading.pytest_plugin``): every line is a JSON record with the run's nonce;
     a session is ``start``, ``collected``, ``collect_error``/``test`` records, ``violation``
     records, then ``finish``; nothing but a new ``start`` follows a ``finish``; no node id is
     reported twice; a finished session has as many ``test`` records as its ``finish`` counts and

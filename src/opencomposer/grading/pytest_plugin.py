@@ -1,6 +1,6 @@
 """The pytest plugin that reports each test's outcome out of the test process as the test ends.
 
-``envs.testrun.run_tests`` copies this file, under a module name drawn per run, into a folder that
+``grading.testrun.run_tests`` copies this file, under a module name drawn per run, into a folder that
 only the run's jail sees, and loads it with ``-p``; opencomposer never imports it. It may use only
 the standard library and pytest (the opencomposer package is not visible inside the jail).
 
@@ -11,7 +11,7 @@ that process's word for anything it can check:
   carrying a nonce read once from a second pipe (``nonce_fd``) that the harness wrote and closed.
   Settings come in ``OPENCOMPOSER_TESTRUN`` and are removed from the environment at import, so
   neither the code under test nor the processes it starts find them there. The harness checks the
-  stream (``envs.testrun.read_records``): a foreign line, a node id reported twice, a record after
+  stream (``grading.testrun.read_records``): a foreign line, a node id reported twice, a record after
   the session finished, fewer results than collected tests, a missing finish record or an exit code
   other than the finished session's are tampering.
 - **records**: ``start``; ``collected`` (the items pytest will run); ``collect_error`` per module

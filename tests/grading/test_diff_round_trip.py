@@ -15,8 +15,8 @@ import pytest
 
 from opencomposer.agent.policies.scripted import ScriptedPolicy, call
 from opencomposer.config import Config
-from opencomposer.envs.grading import GradeCache
-from opencomposer.envs.rollout import run_episode
+from opencomposer.grading.grade import GradeCache
+from opencomposer.episode import run_episode
 from opencomposer.sandbox import patch
 from opencomposer.tasks.format import load_task
 from opencomposer.types import EpisodeStatus
@@ -54,7 +54,7 @@ def test_a_diff_that_fails_its_round_trip_is_graded_from_the_workspace(monkeypat
     monkeypatch.setattr(patch, "file_diff", lossy)
     task = load_task(FIXTURES / "fix-add")
     cache = GradeCache()
-    with caplog.at_level(logging.ERROR, logger="opencomposer.envs.rollout"):
+    with caplog.at_level(logging.ERROR, logger="opencomposer.episode"):
         episode = run_episode(task, ScriptedPolicy([[FIX]]), Config(), grader=cache.grade)
     assert episode.status == EpisodeStatus.OK, episode.error
     assert "+    return a * b" in episode.diff  # the wrong diff is kept as it was made, for the bug report

@@ -50,8 +50,8 @@ and put *after* its site-packages, so a repository that pins its own pytest keep
 raises ``EnvironmentBuildError`` naming its kept log: grading turns it into an infrastructure error,
 never a zero reward.
 
-**Use.** ``prepare_task_environment(task, config)`` returns the ``SandboxEnvironment`` to bind
-(building on first use); grading (``envs.grading``, through the provider registered below),
+**Use.** ``prepare_task_environment(task, config)`` returns the ``TaskEnvironment`` to bind
+(building on first use); grading (``grading.grade.task_environment``),
 validation and the miner call it, ``opencomposer tasks build-env DIR`` builds ahead of time.
 """
 
@@ -79,7 +79,7 @@ from typing import Any
 from opencomposer.config import SandboxConfig
 from opencomposer.io import atomic_write_text, cache_dir
 from opencomposer.sandbox.patch import copy_tree
-from opencomposer.sandbox.workspace import Mount, Sandbox, SandboxEnvironment, SandboxError
+from opencomposer.sandbox.workspace import Mount, Sandbox, TaskEnvironment, SandboxError
 from opencomposer.types import Task
 
 ENVIRONMENT_KEYS = ("python", "packages", "requirements", "install_repo", "extras", "pythonpath", "commands",
@@ -604,17 +604,17 @@ def _install_test_stack(env: Path) -> list[str]:
 # Use
 
 
-def sandbox_environment(built: BuiltEnvironment, pythonpath: tuple[str, ...]) -> SandboxEnvironment:
+def sandbox_environment(built: BuiltEnvironment, pythonpath: tuple[str, ...]) -> TaskEnvironment:
     """How the sandbox binds ``built``: the folder read-only, its ``bin`` first on PATH, the
     repository's folders on PYTHONPATH, the base interpreter bound when it lives outside ``/usr``."""
     base = str(built.manifest.get("base_prefix", ""))
     binds = (base,) if base and not base.startswith(("/usr/", "/bin", "/lib")) and base != "/usr" else ()
-    return SandboxEnvironment(root=str(built.root), bin_dir=str(built.root / "bin"), pythonpath=pythonpath,
+    return TaskEnvironment(root=str(built.root), bin_dir=str(built.root / "bin"), pythonpath=pythonpath,
                               binds=binds)
 
 
 def prepare_environment(spec: EnvironmentSpec, repo: Path, config: SandboxConfig | None = None,
-                        task_folder: Path | None = None) -> tuple[SandboxEnvironment, BuiltEnvironment]:
+                        task_folder: Path | None = None) -> tuple[TaskEnvironment, BuiltEnvironment]:
     """Resolve, build if needed, and return what the sandbox binds plus the cache entry."""
     try:
         resolved = resolve_environment(spec, repo, task_folder)
@@ -624,19 +624,9 @@ def prepare_environment(spec: EnvironmentSpec, repo: Path, config: SandboxConfig
     return sandbox_environment(built, resolved.pythonpath), built
 
 
-def prepare_task_environment(task: Task, config: SandboxConfig | None = None) -> SandboxEnvironment | None:
+def prepare_task_environment(task: Task, config: SandboxConfig | None = None) -> TaskEnvironment | None:
     """The environment of ``task`` (built on first use), or None when it has no ``[environment]``."""
     spec = task_environment_spec(task)
     if spec is None:
         return None
     return prepare_environment(spec, task.repo, config, task.path)[0]
-
-
-def _register() -> None:
-    """Let grading (a lower layer, which cannot import this module) build task environments."""
-    from opencomposer.envs import grading
-
-    grading.set_environment_provider(prepare_task_environment, EnvironmentBuildError)
-
-
-_register()

@@ -19,9 +19,9 @@ import pytest
 
 import opencomposer
 from opencomposer.config import GradingConfig
-from opencomposer.envs.grading import grade
-from opencomposer.envs.integrity import Secured
-from opencomposer.envs.testrun import run_tests
+from opencomposer.grading.grade import grade
+from opencomposer.grading.integrity import Secured
+from opencomposer.grading.testrun import run_tests
 from opencomposer.sandbox.patch import apply_patch, copy_tree, file_diff
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import load_task
@@ -88,7 +88,7 @@ def assert_scores_nothing(reward: Grade, caplog: pytest.LogCaptureFixture, tampe
 
 @pytest.fixture(autouse=True)
 def _capture_grading_log(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="opencomposer.envs.grading")
+    caplog.set_level(logging.WARNING, logger="opencomposer.grading.grade")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,7 +441,7 @@ def test_the_hacks_resolve_their_task_when_the_defences_are_off(humaneval: Task,
     """Without ``secure_workspace`` and with every file trusted (no read-only mounts, no hidden
     sources, no integrity findings), these hacks resolve a task they did not solve: the tests above
     fail if a defence is taken out, not only if the hack is broken."""
-    from opencomposer.envs import grading
+    from opencomposer.grading import grade as grading
 
     def run_unprotected(*args, protected=None, hidden=(), **kwargs):
         return run_tests(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""The one test runner (``envs.testrun``): outcomes by node id from a real pytest run in a real
+"""The one test runner (``grading.testrun``): outcomes by node id from a real pytest run in a real
 sandbox, ids exactly as pytest prints them, the whole-command limit, the rules of the record
 stream, and grading and generators agreeing with it."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from opencomposer.config import GradingConfig, TasksConfig
-from opencomposer.envs.grading import grade
-from opencomposer.envs.testrun import read_records, run_tests
+from opencomposer.grading.grade import grade
+from opencomposer.grading.testrun import read_records, run_tests
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import write_task
 from opencomposer.tasks.generators.common import Lab
