@@ -54,7 +54,7 @@ class Engine(WeightSink, Protocol):
     """Token in, token out: ``generate`` returns ``len(prompts) * n`` completions, prompt-major
     (all samples of prompt 0, then prompt 1, ...), each with the sampler's logprob of every token
     and, for MoE models, its routed experts. ``policy_version`` is the version of the weights that
-    sampled the tokens (RECIPE.md §6)."""
+    sampled the tokens (docs/recipe.md §6)."""
 
     policy_version: int
 
@@ -75,7 +75,7 @@ class Policy(Protocol):
 
 @runtime_checkable
 class Summarizer(Protocol):
-    """Closes a segment when its context is full and opens the next one (RECIPE.md §5).
+    """Closes a segment when its context is full and opens the next one (docs/recipe.md §5).
 
     ``loop`` is the running ``agent.loop.AgentLoop`` (its task, segment, messages and policy);
     ``summarize`` returns the messages the next segment starts from.

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class TokenKind(enum.IntEnum):
-    """What a token is, for the length penalty (RECIPE.md §4) and the metrics.
+    """What a token is, for the length penalty (docs/recipe.md §4) and the metrics.
 
     Model-written kinds: THINKING, TOOL_CALL, FINAL_MESSAGE, SUMMARY. Environment-written kinds:
     TOOL_OUTPUT (tool results and the chat-template glue around them) and PROMPT.

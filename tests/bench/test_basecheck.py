@@ -1,4 +1,4 @@
-"""``opencomposer basecheck`` (``bench.basecheck``): the three base-model checks of RECIPE.md §2.
+"""``opencomposer basecheck`` (``bench.basecheck``): the three base-model checks of docs/recipe.md §2.
 
 Fast tests pin each measurement against an independent computation on a tiny random model (the
 rolling NLL against direct forwards, the cached candidate scores against full forwards), the

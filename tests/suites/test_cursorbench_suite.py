@@ -3,7 +3,7 @@
 Every task folder follows docs/task-format.md; its broken state (the starting repository, its
 project plus ``setup.patch``, with the hidden tests overlaid) fails every FAIL_TO_PASS test and passes every PASS_TO_PASS test; its gold
 state (``solution/gold.patch`` applied) passes both; and the suite as a whole has the shape
-of CursorBench (report §5, RECIPE.md §8): terse prompts, changes of tens of lines over
+of CursorBench (report §5, docs/recipe.md §8): terse prompts, changes of tens of lines over
 several files, and targeted tasks for intent, instruction following and not editing.
 
 The full sweep over every task runs pytest twice per task and is marked ``slow``; a sample

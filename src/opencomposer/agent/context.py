@@ -1,6 +1,6 @@
 """Context policies: what the agent loop does when a segment's context fills up.
 
-Chosen by ``agent.context_policy`` (RECIPE.md §5; report §4.1; blog "Training Composer for longer
+Chosen by ``agent.context_policy`` (docs/recipe.md §5; report §4.1; blog "Training Composer for longer
 horizons"). The trigger is ``agent.summary_trigger_tokens`` tokens of context in the current
 segment (``trigger_tokens``); each policy may act ``agent.max_summaries`` times per episode, after
 which reaching the context window ends the episode as a budget stop, as with ``off``.

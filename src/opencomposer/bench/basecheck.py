@@ -1,4 +1,4 @@
-"""Base-model selection checks (RECIPE.md §2, report appendix B): three cheap measurements that say
+"""Base-model selection checks (docs/recipe.md §2, report appendix B): three cheap measurements that say
 which base model to start continued pretraining from, deliberately not agent benchmarks.
 
 1. **Codebase NLL** (``codebase_nll_per_byte``, lower is better). A held-out repository's files

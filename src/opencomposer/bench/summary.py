@@ -2,7 +2,7 @@
 latency and cost, from the rows of ``results.jsonl`` (one row per episode; the grade's fields are
 read back as a ``types.Grade`` by ``row_grade``).
 
-Scores follow CursorBench practice (RECIPE.md §8): each task's score is the mean over its passes,
+Scores follow CursorBench practice (docs/recipe.md §8): each task's score is the mean over its passes,
 the suite's score the mean over tasks. The 95% interval is Wilson's score interval on that mean
 with n = number of tasks (exact for one pass; conservative for several, since passes of one task
 are correlated). Infrastructure errors are counted and left out of every score.

@@ -1,4 +1,4 @@
-"""``opencomposer basecheck``: the base-model selection checks of RECIPE.md §2 (``bench.basecheck``).
+"""``opencomposer basecheck``: the base-model selection checks of docs/recipe.md §2 (``bench.basecheck``).
 
 Runs codebase NLL, state tracking and FreshBench-like QA on every ``--model``, prints a table and
 writes ``--out`` as JSON: ``{MODEL: {"codebase_nll_per_byte", "state_tracking_distance",

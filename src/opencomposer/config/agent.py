@@ -99,7 +99,7 @@ class AgentConfig(Section):
     Reaching it ends the episode as a budget stop, unless a context policy closed the segment first."""
     context_policy: ContextPolicyName = "off"
     """What happens when a segment's context reaches ``summary_trigger_tokens`` (``agent.context``,
-    RECIPE.md §5): ``self_summary`` (the model summarises in its own context and goes on in a fresh
+    docs/recipe.md §5): ``self_summary`` (the model summarises in its own context and goes on in a fresh
     one from its summary; the summary is trained on), ``compaction`` (a separate, long, fixed
     compaction prompt writes the summary; not trained on), ``truncate`` (drop the oldest tool
     outputs) or ``off`` (the window ends the episode)."""

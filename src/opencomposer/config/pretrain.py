@@ -13,7 +13,7 @@ from opencomposer.config.tasks import TaskFamily
 PhaseLoss = Literal["lm", "sft", "mtp"]
 """What a phase can train: ``lm`` next-token loss on the packed code corpus; ``sft`` the
 model-token loss on the oracle's recorded tool episodes; ``mtp`` multi-token prediction by
-self-distillation (RECIPE.md §3): the MTP layers (``model.num_mtp_layers``) learn the main head's
+self-distillation (docs/recipe.md §3): the MTP layers (``model.num_mtp_layers``) learn the main head's
 distribution at the shifted position (``opencomposer.model.mtp``), on the phase's packed corpus rows,
 or on its demonstrations when it has ``sft`` and no ``lm``. ``["mtp"]`` alone distils the layers on
 corpus rows with the rest of the model left as it is (the trunk gets no gradient from ``mtp``)."""

@@ -1,4 +1,4 @@
-"""``[rl]`` and its sub-tables: the RL recipe (RECIPE.md §4) and its synchronous loop
+"""``[rl]`` and its sub-tables: the RL recipe (docs/recipe.md §4) and its synchronous loop
 (``opencomposer.rl``). Each sub-table is one formula of ``opencomposer.rl``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from opencomposer.config.tasks import TaskFamily
 
 @dataclass
 class AdvantageConfig(Section):
-    """Group-relative advantages (RECIPE.md §4, report §4.1; ``opencomposer.rl.advantages``)."""
+    """Group-relative advantages (docs/recipe.md §4, report §4.1; ``opencomposer.rl.advantages``)."""
 
     section = "rl.advantage"
 
@@ -29,7 +29,7 @@ class AdvantageConfig(Section):
 
 @dataclass
 class KLConfig(Section):
-    """KL regulariser to a reference policy (RECIPE.md §4, report §4.1; ``opencomposer.rl.kl``)."""
+    """KL regulariser to a reference policy (docs/recipe.md §4, report §4.1; ``opencomposer.rl.kl``)."""
 
     section = "rl.kl"
 
@@ -58,7 +58,7 @@ class KLConfig(Section):
 
 @dataclass
 class LengthPenaltyConfig(Section):
-    """Length penalty C(x) = ((1+kx)^(1-q) - 1)/(k(1-q)) on a weighted length x (RECIPE.md §4,
+    """Length penalty C(x) = ((1+kx)^(1-q) - 1)/(k(1-q)) on a weighted length x (docs/recipe.md §4,
     report §4.2; ``opencomposer.rl.length_penalty``). The report gives no values; ours below."""
 
     section = "rl.length_penalty"
@@ -97,7 +97,7 @@ class LengthPenaltyConfig(Section):
 
 @dataclass
 class RewardConfig(Section):
-    """Weights of the named reward terms (RECIPE.md §4, report §4.2; ``opencomposer.rl.rewards``).
+    """Weights of the named reward terms (docs/recipe.md §4, report §4.2; ``opencomposer.rl.rewards``).
     Every weight is >= 0; each term's sign is fixed by its definition (penalties subtract). The
     report names the terms but gives no weights; ours keep correctness dominant."""
 
@@ -149,7 +149,7 @@ class RewardConfig(Section):
 
 @dataclass
 class LossConfig(Section):
-    """Policy-gradient loss (RECIPE.md §4, report §4.1; ``opencomposer.rl.losses``)."""
+    """Policy-gradient loss (docs/recipe.md §4, report §4.1; ``opencomposer.rl.losses``)."""
 
     section = "rl.loss"
 
@@ -183,7 +183,7 @@ class LossConfig(Section):
 
 @dataclass
 class RLConfig(Section):
-    """The RL recipe (RECIPE.md §4) and its synchronous loop, ``opencomposer rl`` (``opencomposer.rl.loop``).
+    """The RL recipe (docs/recipe.md §4) and its synchronous loop, ``opencomposer rl`` (``opencomposer.rl.loop``).
     Each sub-table is one formula in ``opencomposer.rl``; the fields below drive the trainer and the loop."""
 
     section = "rl"

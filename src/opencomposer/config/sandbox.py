@@ -1,4 +1,4 @@
-"""``[sandbox]``: where model-written commands run (``opencomposer.sandbox``; DESIGN.md, Sandbox)."""
+"""``[sandbox]``: where model-written commands run (``opencomposer.sandbox``; docs/architecture.md, "Sandbox")."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from opencomposer.config.section import ConfigError, Section
 
 @dataclass
 class SandboxConfig(Section):
-    """Where model-written commands run (``opencomposer.sandbox.workspace``; DESIGN.md, Sandbox)."""
+    """Where model-written commands run (``opencomposer.sandbox.workspace``; docs/architecture.md, "Sandbox")."""
 
     section = "sandbox"
 

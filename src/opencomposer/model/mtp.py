@@ -1,4 +1,4 @@
-"""Multi-token prediction (MTP) layers on top of any causal LM (RECIPE.md §3; DeepSeek-V3 §2.2).
+"""Multi-token prediction (MTP) layers on top of any causal LM (docs/recipe.md §3; DeepSeek-V3 §2.2).
 
 MTP layer ``k`` (1-based) predicts the token ``k + 1`` positions ahead. At position ``i`` it reads
 the previous depth's hidden state ``h[k-1]_i`` (depth 0: the main model's last hidden state, after

@@ -1,6 +1,6 @@
 """Capture which experts an MoE model routes every token to.
 
-The report's router replay (RECIPE.md §6) needs, for every sampled token and every MoE layer, the
+The report's router replay (docs/recipe.md §6) needs, for every sampled token and every MoE layer, the
 expert indices the inference engine chose. ``RouteRecorder`` hooks the router modules of a
 transformers MoE model (Qwen3-MoE's ``Qwen3MoeTopKRouter``, DeepSeek-V3's ``DeepseekV3TopkRouter``
 and any router that returns ``(logits, weights, indices)``) and hands back

@@ -1,4 +1,4 @@
-"""Continued pretraining on the code corpus (RECIPE.md §3, first phase).
+"""Continued pretraining on the code corpus (docs/recipe.md §3, first phase).
 
 Documents are tokenised lazily (only as many as the run will consume), joined with
 ``<|endoftext|>`` and cut into ``seq_len + 1`` windows (next-token prediction: the window minus its

@@ -1,4 +1,4 @@
-"""Phased continued pretraining (RECIPE.md §3): ``[[pretrain.phases]]`` run in order by one command.
+"""Phased continued pretraining (docs/recipe.md §3): ``[[pretrain.phases]]`` run in order by one command.
 
 The report trains in three phases: most compute at one sequence length, a shorter long-context
 extension at a multiple of it, and a short SFT phase on coding tasks. A recipe lists its phases
@@ -1081,7 +1081,7 @@ def loglinear_fit(tokens: list[float], losses: list[float]) -> tuple[float, floa
 
 def plot_heldout(rows: list[dict], path: Path, boundaries: list[int]) -> Path | None:
     """Held-out codebase loss against tokens trained on a log axis, phase starts marked, with the
-    log-linear fit over the evaluations after the first (RECIPE.md §3: it falls log-linearly)."""
+    log-linear fit over the evaluations after the first (docs/recipe.md §3: it falls log-linearly)."""
     points = [(r["tokens"], r["heldout_loss"], r["step"]) for r in rows
               if r.get("kind") == "eval" and "heldout_loss" in r and r.get("tokens", 0) > 0]
     if not points:

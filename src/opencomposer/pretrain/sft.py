@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on scripted episodes: the RECIPE.md §3 SFT phase, and RL's starting point.
+"""Supervised fine-tuning on scripted episodes: the docs/recipe.md §3 SFT phase, and RL's starting point.
 
 Demonstrations are recorded in the real harness: the oracle policy (the task's gold patch replayed
 through the tools, ``agent.policies.scripted``) plays each task in a sandbox, all its calls in one

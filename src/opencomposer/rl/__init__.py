@@ -1,4 +1,4 @@
-"""The RL recipe of the Composer 2 report (§4.1, §4.2; RECIPE.md §4), one formula per module.
+"""The RL recipe of the Composer 2 report (§4.1, §4.2; docs/recipe.md §4), one formula per module.
 
 - ``advantages``: reward minus the group mean; infrastructure failures excluded.
 - ``kl``: the k1/k2/k3 estimators; the KL penalty in the reward (default) or in the loss.

@@ -1,6 +1,6 @@
 """Group-relative advantages: reward minus the mean reward of the task's group.
 
-Report §4.1 (RECIPE.md §4): several rollouts per prompt with a fixed group size G; the advantage
+Report §4.1 (docs/recipe.md §4): several rollouts per prompt with a fixed group size G; the advantage
 of a rollout is its reward minus the group mean, and **not** divided by the group's standard
 deviation (that division turns tiny behavioural differences into full-size advantages when every
 rollout of a group is equally correct). Every model token of an episode, summaries included,

@@ -1,6 +1,6 @@
 """KL regulariser to a reference policy: the k1/k2/k3 estimators and where the penalty goes.
 
-Report §4.1 (RECIPE.md §4): the policy q is kept near a reference p with the **k1** estimator.
+Report §4.1 (docs/recipe.md §4): the policy q is kept near a reference p with the **k1** estimator.
 For a token a sampled from q, with r = p(a)/q(a) = exp(logp_ref - logp):
 
     k1 = -log r             = logp - logp_ref          unbiased for KL(q‖p), any variance

@@ -1,6 +1,6 @@
 """The length penalty: a concave cost of a weighted episode length, added to the reward.
 
-Report §4.2 (RECIPE.md §4):
+Report §4.2 (docs/recipe.md §4):
 
     C(x) = ((1 + k·x)^(1-q) - 1) / (k·(1-q)),      C(0) = 0,   C'(x) = (1 + k·x)^(-q),
     C(x) -> ln(1 + k·x) / k  as q -> 1,

@@ -1,4 +1,4 @@
-"""``opencomposer rl``: the synchronous RL loop (RECIPE.md §4; DESIGN.md, "Data flow of one RL step").
+"""``opencomposer rl``: the synchronous RL loop (docs/recipe.md §4; docs/architecture.md, "Data flow").
 
 One step: take the next B tasks of the stream, roll out G episodes of each in the real harness
 (sandboxes, agent loop, grading), score them (reference forward, KL penalty, named-term reward,

@@ -1,6 +1,6 @@
 """Policy-gradient losses on packed ``[rows, seq]`` batches: the Composer loss and its ablations.
 
-Report §4.1 (RECIPE.md §4): a plain policy gradient, single epoch, every model token of an
+Report §4.1 (docs/recipe.md §4): a plain policy gradient, single epoch, every model token of an
 episode weighted by the episode's advantage, **summed and divided by a constant**, never by each
 sequence's own length (Dr. GRPO's observation: per-sequence means favour long wrong answers and
 short right ones), and **no masking of overlong rollouts**. Tool outputs, prompts and padding

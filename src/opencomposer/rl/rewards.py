@@ -1,6 +1,6 @@
 """The episode reward: a sum of named, separately logged terms.
 
-Report §4.2 (RECIPE.md §4) describes two layers. **Functional**: correctness first, then
+Report §4.2 (docs/recipe.md §4) describes two layers. **Functional**: correctness first, then
 succinctness and software-engineering principles. **Behavioural**: coding style, communication
 and product penalties: creating to-do items and leaving them unfinished, poor or broken tool
 calls, and later chain-of-thought dumped into code comments and collapsing onto the terminal tool

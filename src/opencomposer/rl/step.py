@@ -1,6 +1,6 @@
 """One optimizer step of the policy: forward every micro-batch, the RL loss, backward, clip, Adam.
 
-Report §4.1 (RECIPE.md §4): single epoch (each batch of rollouts is used for exactly one step),
+Report §4.1 (docs/recipe.md §4): single epoch (each batch of rollouts is used for exactly one step),
 **Adam, full-parameter updates**. Our Adam is ``torch.optim.Adam`` with β = (0.9, 0.999),
 ε = 1e-8 and no weight decay by default (the report names Adam and nothing else; these are
 Adam's paper values), all in ``rl.adam_betas`` / ``rl.adam_eps``. The trainer builds it

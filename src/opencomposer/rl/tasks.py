@@ -10,7 +10,7 @@ same seed, which is what lets a resumed run continue exactly where its checkpoin
   ``{run}/tasks/train`` when first needed; the stream ends after one round of the split, each
   distinct prompt once (``tasks.generators.tiny.split_size``).
 
-Single epoch (RECIPE.md §4: a prompt is never trained on twice): both sources are finite and
+Single epoch (docs/recipe.md §4: a prompt is never trained on twice): both sources are finite and
 ``check_length`` refuses, at start and before any model is loaded, a recipe whose ``rl.steps × rl.batch_tasks``
 exceeds its stream (``opencomposer rl`` exits with status 2 and both counts).
 

@@ -42,7 +42,7 @@ further host folders (read-only or writable, at any path: grading's ``/tests`` a
 ``/logs/verifier`` for a Harbor verifier); ``network=True`` keeps the host's network and is used
 only while an environment is built.
 
-Not here: snapshots/forking of running environments, network egress through a proxy (RECIPE.md
+Not here: snapshots/forking of running environments, network egress through a proxy (docs/recipe.md
 §6 mentions both), containers with their own system packages.
 """
 

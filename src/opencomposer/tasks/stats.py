@@ -1,6 +1,6 @@
 """The shape of a task suite beside CursorBench's and SWE-bench's (``opencomposer tasks stats DIR``).
 
-Report §5 (RECIPE.md §8) characterises CursorBench by two medians: **181 lines changed** by the
+Report §5 (docs/recipe.md §8) characterises CursorBench by two medians: **181 lines changed** by the
 reference solution and **390 characters** of prompt, against **7-10 lines** and **1,185-3,055
 characters** for SWE-bench-style public benchmarks. For each task this module measures the same
 quantities:

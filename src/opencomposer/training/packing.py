@@ -1,6 +1,6 @@
 """From episodes to ``TrainBatch``es: exact token ids, model-token mask, one advantage per episode.
 
-Token in, token out (DESIGN.md principle 3): a row is one ``Segment`` of one episode, its ids
+Token in, token out (docs/architecture.md, "Principles"): a row is one ``Segment`` of one episode, its ids
 exactly ``segment.token_ids()`` (the prompt the engine saw, every sampled turn, every tool-output
 id the environment appended). Next-token prediction shifts by one: a row of T context tokens
 gives T-1 positions whose inputs are ``ids[:-1]`` and targets ``ids[1:]``. The loss mask is 1 on

@@ -1,4 +1,4 @@
-"""Feature deletion (RECIPE.md §9): take a tested feature out of working code and ask for it back.
+"""Feature deletion (docs/recipe.md §9): take a tested feature out of working code and ask for it back.
 
 A *feature* is a public function, method or class, plus what only it needs:
 

@@ -6,7 +6,7 @@ with a pytest suite: one of the built-in source projects (``opencomposer/suites/
 folder the user points at. Reading skips version control (``.git``), caches (``__pycache__``,
 ``*.pyc``, ``.pytest_cache``, ``.mypy_cache``, ``.ruff_cache``, ...), editor and patch backups
 (``*~``, ``*.orig``, ``*.rej``, ``.*.swp``), virtual environments and build outputs, so a task repository written from a tree carries no bytecode, no type-checker cache
-and no history that could reveal deleted or original code (RECIPE.md §9, the reward hacks).
+and no history that could reveal deleted or original code (docs/recipe.md §9, the reward hacks).
 
 Not here: running tests (``grading.testrun``), editing code (``generators.edits``).
 """
