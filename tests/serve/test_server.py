@@ -262,3 +262,47 @@ def test_eval_runs_through_the_server(server: str, tmp_path: Path):
     trajectory = json.loads(next((out / "episodes").rglob("trajectory.json")).read_text())
     assert len(trajectory["segments"][0]["turns"]) == rows[0]["turns"]
     assert (out / "summary.json").is_file()
+
+
+PROMPT = "def add(a, b):\n"
+
+
+def test_text_completion_with_n_seed_and_several_prompts(client):
+    first = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=7, n=2)
+    assert first.object == "text_completion" and [c.index for c in first.choices] == [0, 1]
+    assert all(c.finish_reason in ("stop", "length") and c.logprobs is None for c in first.choices)
+    assert 0 < first.usage.completion_tokens <= 12 and first.usage.prompt_tokens > 0
+    both = client.completions.create(model=MODEL, prompt=[PROMPT, "import os\n"], max_tokens=6, seed=7, n=2)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices[:2]] == [c.text for c in first.choices]  # prompt 0 samples as alone
+    assert both.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_text_completion_echo_and_token_id_prompts(client):
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True)
+    assert echoed.choices[0].text == PROMPT and echoed.usage.completion_tokens == 0
+    ids = client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], max_tokens=3, echo=True, seed=2)
+    assert ids.usage.prompt_tokens == 5 and len(ids.choices) == 2
+    plain = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=3, seed=2)
+    assert ids.choices[0].text.endswith(plain.choices[0].text) and len(ids.choices[0].text) > len(plain.choices[0].text)
+
+
+def test_text_completion_logprobs_are_the_sampled_tokens(client):
+    import openai
+
+    reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, seed=4, logprobs=0)
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    assert "".join(logprobs.tokens) == choice.text and logprobs.text_offset[0] == 0
+    assert len(logprobs.token_logprobs) == len(logprobs.tokens) > 0 and all(lp <= 0 for lp in logprobs.token_logprobs)
+    with pytest.raises(openai.BadRequestError, match="top alternatives") as top:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, logprobs=1)
+    assert top.value.body["param"] == "logprobs"
+    with pytest.raises(openai.BadRequestError, match="prompt's logprobs"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=0)
+    with pytest.raises(openai.BadRequestError, match="unsupported parameter 'best_of'"):
+        client.completions.create(model=MODEL, prompt=PROMPT, best_of=2)
+    with pytest.raises(openai.BadRequestError, match="outside"):
+        client.completions.create(model=MODEL, prompt=[10**9])
+    with pytest.raises(openai.NotFoundError, match="this server serves 'tiny_moe'"):
+        client.completions.create(model="gpt-9", prompt=PROMPT)

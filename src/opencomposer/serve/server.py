@@ -1,4 +1,4 @@
-"""An OpenAI-compatible chat-completions server over any checkpoint (``opencomposer serve``).
+"""An OpenAI-compatible server over any checkpoint (``opencomposer serve``).
 
 ``GET /v1/models`` lists the one served model; ``POST /v1/chat/completions`` answers the request as
 the agent harness would sample a turn:
@@ -22,9 +22,19 @@ the agent harness would sample a turn:
   same message as the unstreamed one for the same seed, but the first chunk arrives only when the
   whole completion is done.
 
+``POST /v1/completions`` is the legacy text API (what lm-eval-harness and other clients call):
+``prompt`` is a string, a list of strings, a list of token ids or a list of such lists; string
+prompts are tokenised as they are, without special tokens. Each prompt gets ``n`` choices (choice
+``i * n + j`` is sample ``j`` of prompt ``i``); ``max_tokens`` (default 16, 0 allowed),
+``temperature``, ``top_p``, ``seed`` and ``stop`` sample as in chat; ``echo`` puts the prompt's
+text before each choice's text; ``usage`` counts each prompt once. ``logprobs: 0`` returns the
+sampled tokens' logprobs (``tokens``, ``token_logprobs``, ``text_offset``; ``top_logprobs`` null):
+the engine records those and no others, so ``logprobs`` above 0 (the top-N alternatives at each
+position) and ``echo`` with ``logprobs`` (the prompt's logprobs) are refused with a 400.
+
 Malformed requests get a 400 with an OpenAI-style ``{"error": {...}}`` body (unknown parameters
 included: an ignored setting would be a silent lie), an unknown model name a 404. Not here:
-logprobs, penalties, ``response_format``, forced tool choice, the legacy completions endpoint.
+chat logprobs, penalties, ``response_format``, forced tool choice, streamed text completions.
 """
 
 from __future__ import annotations
@@ -45,8 +55,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException
 
-from opencomposer.agent.protocol import TokenTranscript, decode, parse_turn, split_reasoning
-from opencomposer.types import Message, SamplingParams, ToolCall
+from opencomposer.agent.protocol import TokenTranscript, decode, encode, parse_turn, split_reasoning
+from opencomposer.types import Completion, Message, SamplingParams, ToolCall
 
 
 class ServeError(RuntimeError):
@@ -155,10 +165,54 @@ class ChatRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        strings = [stop] if isinstance(stop, str) else stop or []
-        if len(strings) > 4 or any(not s for s in strings):
-            raise ValueError("stop: at most 4 non-empty strings")
-        return stop
+        return _check_stop(stop)
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions``, the legacy text API. Unknown parameters are refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int = Field(16, ge=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, le=64)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    stream: Literal[False] = False
+    user: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompts_not_empty(cls, prompt: str | list[str] | list[int] | list[list[int]]) -> Any:
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("at least one prompt")
+        return prompt
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        return _check_stop(stop)
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request, as text or as token ids."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+
+def _check_stop(stop: str | list[str] | None) -> str | list[str] | None:
+    strings = [stop] if isinstance(stop, str) else stop or []
+    if len(strings) > 4 or any(not s for s in strings):
+        raise ValueError("stop: at most 4 non-empty strings")
+    return stop
+
+
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    return [stop] if isinstance(stop, str) else list(stop or [])
 
 
 def _text(content: str | list[_TextPart] | None) -> str:
@@ -255,9 +309,7 @@ class ChatResult:
     choices: list[Choice]
 
     def usage(self) -> dict[str, int]:
-        completion = sum(c.completion_tokens for c in self.choices)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+        return _usage(self.prompt_tokens, self.choices)
 
     def response(self) -> dict[str, Any]:
         return {
@@ -286,6 +338,41 @@ class ChatResult:
             yield chunk(c.index, {}, c.finish_reason)
         if include_usage:
             yield {**head, "choices": [], "usage": self.usage()}
+
+
+@dataclass
+class TextChoice:
+    """One choice of a text completion; ``logprobs`` in the completions API's shape, or None."""
+
+    index: int
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    logprobs: dict[str, Any] | None = None
+
+
+@dataclass
+class TextResult:
+    """A finished ``/v1/completions`` request."""
+
+    id: str
+    model: str
+    created: int
+    prompt_tokens: int
+    choices: list[TextChoice]
+
+    def response(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+            "choices": [{"index": c.index, "text": c.text, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+                        for c in self.choices],
+            "usage": _usage(self.prompt_tokens, self.choices),
+        }
+
+
+def _usage(prompt_tokens: int, choices: list[Choice] | list[TextChoice]) -> dict[str, int]:
+    completion = sum(c.completion_tokens for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,42 +428,111 @@ class ChatModel:
             raise RequestError(f"the model's chat template cannot render these messages: {e}", "messages") from None
 
     def complete(self, request: ChatRequest) -> ChatResult:
-        if request.model != self.model_id:
-            raise RequestError(f"The model {request.model!r} does not exist; this server serves {self.model_id!r}",
-                               "model", status=404, code="model_not_found")
+        """Answer a ``/v1/chat/completions`` request."""
+        self._check_model(request.model)
         prompt = self.prompt_ids(request)
-        room = self.max_positions - len(prompt)
-        if room <= 0:
-            raise RequestError(f"the prompt has {len(prompt)} tokens; the model's context is {self.max_positions}",
-                               "messages")
-        stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        params = SamplingParams(
-            max_new_tokens=min(request.max_completion_tokens or request.max_tokens or room, room),
+        room = self._room([prompt], "messages")
+        stops = _stop_list(request.stop)
+        params = self._params(min(request.max_completion_tokens or request.max_tokens or room, room), request, stops)
+        result_id = f"chatcmpl-{uuid.uuid4().hex}"
+        parse_tools = bool(request.tools) and request.tool_choice != "none"
+        choices = []
+        for index, completion in enumerate(self._sample([prompt], params, request.n)):
+            _, text, finish = self._finished(completion, stops)
+            choices.append(build_choice(text, finish, index=index, parse_tools=parse_tools,
+                                        call_id_prefix=f"call_{result_id[-12:]}",
+                                        completion_tokens=len(completion.token_ids)))
+        return ChatResult(result_id, self.model_id, int(time.time()), len(prompt), choices)
+
+    def complete_text(self, request: CompletionRequest) -> TextResult:
+        """Answer a ``/v1/completions`` request (see the module doc for what ``logprobs`` can be)."""
+        self._check_model(request.model)
+        if request.logprobs:
+            raise RequestError(f"logprobs: {request.logprobs} asks for the top alternatives at each position, which "
+                               "the engine does not give; logprobs: 0 returns the sampled tokens' logprobs", "logprobs")
+        if request.echo and request.logprobs is not None:
+            raise RequestError("echo with logprobs asks for the prompt's logprobs, which the engine does not give",
+                               "echo")
+        texts = request.prompts()
+        prompts = [self._text_prompt_ids(prompt, i) for i, prompt in enumerate(texts)]
+        stops = _stop_list(request.stop)
+        params = self._params(min(request.max_tokens, self._room(prompts, "prompt")), request, stops)
+        choices = []
+        for index, completion in enumerate(self._sample(prompts, params, request.n)):
+            ids, text, finish = self._finished(completion, stops)
+            logprobs = None if request.logprobs is None else self._logprobs(ids, completion.logprobs, len(text))
+            prompt = texts[index // request.n]
+            head = "" if not request.echo else prompt if isinstance(prompt, str) else decode(self.tokenizer, prompt)
+            choices.append(TextChoice(index, head + text, finish, len(completion.token_ids), logprobs))
+        return TextResult(f"cmpl-{uuid.uuid4().hex}", self.model_id, int(time.time()), sum(map(len, prompts)), choices)
+
+    def _check_model(self, name: str) -> None:
+        if name != self.model_id:
+            raise RequestError(f"The model {name!r} does not exist; this server serves {self.model_id!r}",
+                               "model", status=404, code="model_not_found")
+
+    def _text_prompt_ids(self, prompt: str | list[int], index: int) -> list[int]:
+        """A completions prompt as token ids: text is tokenised as it is (no special tokens added)."""
+        ids = encode(self.tokenizer, prompt) if isinstance(prompt, str) else prompt
+        if not ids:
+            raise RequestError(f"prompt {index} is empty", "prompt")
+        vocab = len(self.tokenizer)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt {index} has token ids outside [0, {vocab}): {bad[:5]}", "prompt")
+        return ids
+
+    def _room(self, prompts: list[list[int]], param: str) -> int:
+        """How many tokens the longest prompt leaves in the model's context (at least one)."""
+        longest = max(map(len, prompts))
+        if longest >= self.max_positions:
+            raise RequestError(f"the prompt has {longest} tokens; the model's context is {self.max_positions}", param)
+        return self.max_positions - longest
+
+    @staticmethod
+    def _params(max_new_tokens: int, request: ChatRequest | CompletionRequest, stops: list[str]) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_new_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             stop=stops,
             seed=None if request.seed is None else request.seed % (1 << 63),
         )
+
+    def _sample(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[Completion]:
+        """``n`` completions of each prompt, prompt-major, from one engine session."""
         session = self.engine.session()
         try:
-            completions = session.generate([prompt], params, n=request.n)
+            return session.generate(prompts, params, n=n)
         finally:
             session.close()
-        result_id = f"chatcmpl-{uuid.uuid4().hex}"
-        parse_tools = bool(request.tools) and request.tool_choice != "none"
-        choices = []
-        for index, completion in enumerate(completions):
-            ids, finish = list(completion.token_ids), completion.finish_reason
-            if finish == "stop" and ids and ids[-1] in self.stop_ids:
-                ids = ids[:-1]
-            text = decode(self.tokenizer, ids)
-            cut = min((i for i in (text.find(s) for s in stops) if i != -1), default=-1)
-            if cut != -1:
-                text, finish = text[:cut], "stop"
-            choices.append(build_choice(text, finish, index=index, parse_tools=parse_tools,
-                                        call_id_prefix=f"call_{result_id[-12:]}",
-                                        completion_tokens=len(completion.token_ids)))
-        return ChatResult(result_id, self.model_id, int(time.time()), len(prompt), choices)
+
+    def _finished(self, completion: Completion, stops: list[str]) -> tuple[list[int], str, str]:
+        """The completion's ids without its stop token, its text cut before the first stop string,
+        and its finish reason."""
+        ids, finish = list(completion.token_ids), completion.finish_reason
+        if finish == "stop" and ids and ids[-1] in self.stop_ids:
+            ids = ids[:-1]
+        text = decode(self.tokenizer, ids)
+        cut = min((i for i in (text.find(s) for s in stops) if i != -1), default=-1)
+        if cut != -1:
+            text, finish = text[:cut], "stop"
+        return ids, text, finish
+
+    def _logprobs(self, ids: list[int], logprobs: list[float], text_length: int) -> dict[str, Any]:
+        """The completions API's ``logprobs`` for the tokens that start inside the returned text."""
+        tokens: list[str] = []
+        offsets: list[int] = []
+        before = ""
+        for k in range(len(ids)):
+            if len(before) >= text_length:
+                break
+            upto = decode(self.tokenizer, ids[: k + 1])
+            tokens.append(upto[len(before):])
+            offsets.append(len(before))
+            before = upto
+        return {"tokens": tokens, "token_logprobs": logprobs[: len(tokens)], "top_logprobs": None,
+                "text_offset": offsets}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -401,7 +557,7 @@ def _validation_message(error: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def create_app(chat: ChatModel) -> FastAPI:
-    """The FastAPI application serving ``chat``; handlers are plain functions, run in worker threads."""
+    """The FastAPI application serving ``chat`` (both endpoints); handlers are plain functions, run in worker threads."""
     app = FastAPI(title="opencomposer", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
@@ -436,6 +592,10 @@ def create_app(chat: ChatModel) -> FastAPI:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = (f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n" for chunk in result.chunks(include_usage))
         return StreamingResponse(_with_done(events), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    def completions(request: CompletionRequest) -> dict[str, Any]:
+        return chat.complete_text(request).response()
 
     return app
 
