@@ -18,13 +18,15 @@ from opencomposer.config import SandboxConfig
 from opencomposer.grading.grade import GradeCache
 from opencomposer.inference.batching import BatchingSession
 from opencomposer.inference.local import LocalEngine
+from opencomposer.rl.rollouts import SyncRollouts
 from opencomposer.rl.trainer import Trainer
 from opencomposer.sandbox import Sandbox
-from opencomposer.services.environments import EnvWorker
+from opencomposer.services.episodes import EpisodeWorker
+from opencomposer.services.async_rl import AsyncRollouts
 from opencomposer.services.evaluation import EvaluationService
 from opencomposer.services.inference import InferenceService, RemoteInference, RemoteSession, ServiceSession
 from opencomposer.services.inference_process import InferenceProcess
-from opencomposer.services.ray_backend import EvaluationClient, RayInference, RemoteEnvWorker
+from opencomposer.services.ray_backend import EvaluationClient, RayInference, RemoteEpisodeWorker
 
 IMPLEMENTATIONS = [
     (protocols.Engine, LocalEngine, ["generate", "load_weights"]),
@@ -37,15 +39,17 @@ IMPLEMENTATIONS = [
     (protocols.Grader, GradeCache, ["grade"]),
     (protocols.InferenceService, InferenceService, ["session", "load_weights"]),
     (protocols.Engine, ServiceSession, ["generate", "load_weights"]),
-    (protocols.EnvironmentWorker, EnvWorker, ["start", "close"]),
+    (protocols.EpisodeWorker, EpisodeWorker, ["start", "close"]),
     (protocols.TrainerService, Trainer, ["score", "train", "publish"]),
     (protocols.EvaluationService, EvaluationService, ["submit", "poll", "close"]),
     (protocols.InferenceService, RemoteInference, ["session", "load_weights"]),
     (protocols.InferenceService, RayInference, ["session", "load_weights"]),
     (protocols.InferenceService, InferenceProcess, ["session", "load_weights"]),
     (protocols.Engine, RemoteSession, ["generate", "load_weights"]),
-    (protocols.EnvironmentWorker, RemoteEnvWorker, ["start", "close"]),
+    (protocols.EpisodeWorker, RemoteEpisodeWorker, ["start", "close"]),
     (protocols.EvaluationService, EvaluationClient, ["submit", "poll", "close"]),
+    *[(protocols.RolloutSource, source, ["open", "next_batch", "trained", "checkpointed", "publish", "versions",
+                                         "evaluate", "evaluations", "close"]) for source in (SyncRollouts, AsyncRollouts)],
 ]
 
 
@@ -79,3 +83,4 @@ def test_seams_hold_at_run_time(tmp_path):
     assert isinstance(GradeCache(), protocols.Grader)
     assert isinstance(ScriptedPolicy([]), protocols.Policy)
     assert not isinstance(object(), protocols.Workspace)
+    assert isinstance(SyncRollouts(), protocols.RolloutSource) and isinstance(AsyncRollouts(), protocols.RolloutSource)

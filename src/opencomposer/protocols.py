@@ -9,8 +9,8 @@ talks to. The records that cross the seams (``SamplingParams``, ``Completion``, 
 | ``Engine``     | ``inference.LocalEngine``, ``BatchingEngine``  | vLLM, HTTP, Ray actors           |
 | ``Policy``     | ``agent.policies``: local, scripted, OpenAI-compatible HTTP | Ray actors          |
 | ``Summarizer`` | test doubles                                   | self-summary, compaction, truncation |
-| ``Workspace``  | ``sandbox.Sandbox``                            | remote environment workers       |
-| ``Grader``     | ``grading.grade.GradeCache``                    | graders in environment services  |
+| ``Workspace``  | ``sandbox.Sandbox``                            | remote episode workers           |
+| ``Grader``     | ``grading.grade.GradeCache``                    | graders in episode services      |
 | ``WeightSink`` | ``LocalEngine``                                | the weight store's subscribers   |
 
 The four services of asynchronous RL (docs/services.md), each with an embedded and a Ray backend:
@@ -18,9 +18,13 @@ The four services of asynchronous RL (docs/services.md), each with an embedded a
 | protocol               | embedded (``services.*``)        | Ray (``services.ray_backend``)  |
 |------------------------|----------------------------------|---------------------------------|
 | ``InferenceService``   | ``inference.InferenceService``   | the inference actor's proxy     |
-| ``EnvironmentWorker``  | ``environments.EnvWorker``       | the worker actor's proxy        |
+| ``EpisodeWorker``      | ``episodes.EpisodeWorker``       | the worker actor's proxy        |
 | ``TrainerService``     | ``rl.trainer.Trainer``           | (the driver's, shared)          |
 | ``EvaluationService``  | ``evaluation.EvaluationService`` | the evaluation actor's proxy    |
+
+Where an RL run's groups come from is one more seam, ``RolloutSource``: ``rl.rollouts.SyncRollouts``
+(sample, then train, in turn) or ``services.async_rl.AsyncRollouts`` (the services above, sampling
+ahead within ``rl.max_staleness``). ``rl.loop.RLRun`` drives either with the same code.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ class InferenceService(WeightSink, Protocol):
 
 
 @runtime_checkable
-class EnvironmentWorker(Protocol):
+class EpisodeWorker(Protocol):
     """Rolls out one group at a time (sandbox, agent loop, grading): ``start`` returns at once with
     a future of the ``Group``. ``last_beat`` is the monotonic time of its last heartbeat; a worker
     silent past ``services.worker_timeout_s`` is declared dead and its group sampled elsewhere."""
@@ -171,5 +175,38 @@ class EvaluationService(Protocol):
     def submit(self, version: int) -> None: ...
 
     def poll(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """Where an RL run's scored groups come from, and where its new weights go (docs/rl.md,
+    "Rollout sources"). ``rl.loop.RLRun`` calls, in this order: ``open(run)`` once (the run's
+    state, stream, trainer and policy are set up; a source may start its services here), then per
+    step ``next_batch(step)`` (an ``rl.rollouts.RolloutBatch``: the groups step ``step + 1``
+    trains, their stream indices, the cursor, groups dropped before training, metrics),
+    ``trained(step, records)`` (the step's exactly-once records, before anything of it is written),
+    ``checkpointed()`` when a checkpoint holds them, and ``publish(version)`` (the new weights out,
+    after the checkpoint); ``evaluate(version)`` for each due evaluation of a version in
+    ``versions()``, whose metrics ``evaluations(wait)`` returns; ``close()`` at the end, even
+    after a failure. The sources differ only in when weights are published and which version a
+    group was sampled with."""
+
+    def open(self, run: Any) -> None: ...
+
+    def next_batch(self, step: int) -> Any: ...
+
+    def trained(self, step: int, records: list[Any]) -> None: ...
+
+    def checkpointed(self) -> None: ...
+
+    def publish(self, version: int) -> None: ...
+
+    def versions(self) -> list[int]: ...
+
+    def evaluate(self, version: int) -> None: ...
+
+    def evaluations(self, wait: bool = False) -> list[tuple[int, dict[str, float]]]: ...
 
     def close(self) -> None: ...

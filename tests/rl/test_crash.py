@@ -69,6 +69,15 @@ def launch(recipe: Path, out_dir: Path, log) -> subprocess.Popen:
     )
 
 
+def wait_for(condition, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    """Poll ``condition`` until it holds; fails if the run exits first or never gets there."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, "the run ended before the event the test waits for"
+        assert time.monotonic() < deadline, "the run never reached the event the test waits for"
+        time.sleep(0.05)
+
+
 def test_sigkill_at_random_points_then_resume_trains_each_task_exactly_once(tmp_path):
     from opencomposer.config import load_recipe
     from opencomposer.tasks.generators.tiny import tiny_spec
@@ -80,23 +89,23 @@ def test_sigkill_at_random_points_then_resume_trains_each_task_exactly_once(tmp_
     log_path = tmp_path / "runs.log"
     kills = []
     with log_path.open("w") as log:
-        # 1: killed while starting (model build, initial checkpoint); 2-4: killed a random time
-        # after the run logged its next step (inside rollouts, scoring, training or checkpointing)
-        for target in (None, 1, 2, 4):
+        # killed at events, each at a random point before the next one: while starting (model
+        # build, initial checkpoint: once it holds the run folder's lock), then within the step
+        # after the run logged its 1st, 2nd and 3rd (inside rollouts, scoring, training or
+        # checkpointing); every kill lands while the run still has steps to go
+        for target in (0, 1, 2, 3):
             proc = launch(recipe, tmp_path / "runs", log)
-            deadline = time.monotonic() + 300
-            if target is not None:
-                while progress(run_dir) < target and proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
-            delay = rng.uniform(0.0, 3.0) if target is not None else rng.uniform(1.0, 4.0)
-            time.sleep(delay)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills.append((target, round(delay, 2), progress(run_dir)))
+            wait_for(lambda: (run_dir / ".lock").exists() and progress(run_dir) >= target, proc)
+            before = progress(run_dir)
+            deadline = time.monotonic() + rng.uniform(0.0, 3.0)  # a random point, at the latest the next step's log
+            wait_for(lambda: time.monotonic() >= deadline or progress(run_dir) > before, proc)
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            proc.send_signal(signal.SIGKILL)
+            kills.append((target, progress(run_dir)))
             proc.wait()
         proc = launch(recipe, tmp_path / "runs", log)
         assert proc.wait(timeout=600) == 0, log_path.read_text()[-3000:]
-    assert len(kills) >= 3, kills  # the run really was interrupted
+    assert [target for target, _ in kills] == [0, 1, 2, 3]
 
     state = json.loads(sorted((run_dir / "checkpoints").glob("step-*/state.json"))[-1].read_text())
     seed = load_recipe(recipe).run.seed

@@ -50,15 +50,15 @@ def test_async_rl_with_staleness_one_raises_the_heldout_pass_rate(tmp_path: Path
 def check_learning(tmp_path: Path, seed: int, *overrides: str, rl_only: tuple[str, ...] = ()):
     """SFT then RL on the recipe with ``overrides`` (``rl_only``: for the RL stage alone), and the
     learning test's assertions; returns the RL summary."""
+    from opencomposer.commands.rl import rollout_source
     from opencomposer.pretrain.sft import run_sft
     from opencomposer.rl.loop import run_rl
-    from opencomposer.services.async_rl import run_async
 
     sft_dir = tmp_path / "sft"
     common = [f"run.out_dir={tmp_path}", f"run.seed={seed}", f"sft.out={sft_dir}", f"model.path={sft_dir}", *overrides]
     run_sft(load_recipe(RECIPE, common), progress=False)
     config = load_recipe(RECIPE, [*common, *rl_only])
-    summary = (run_async if config.rl.mode == "async" else run_rl)(config, progress=False)
+    summary = run_rl(config, progress=False, source=rollout_source(config))
 
     first, last = summary.first_eval, summary.last_eval
     assert first["step"] == 0 and last["step"] == config.rl.steps

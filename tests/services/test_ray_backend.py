@@ -1,6 +1,7 @@
-"""The Ray backend end to end on the tiny recipe: inference, two environment workers and
+"""The Ray backend end to end on the tiny recipe: inference, two episode workers and
 evaluation as Ray actors of a local cluster, the trainer as the driver (real sandbox, real model,
-real trainer). A run finishes with staleness metrics, its evaluations and an exactly-once record;
+real trainer). A run finishes with staleness metrics, its evaluations and an exactly-once record,
+without a traceback;
 a worker actor killed under a group is declared dead by its silence and its group is sampled
 again elsewhere, and a killed inference actor restarts without failing an episode."""
 
@@ -31,6 +32,18 @@ def config_for(tmp_path: Path, name: str, *overrides: str):
     return load_recipe(RECIPE, [*SHRUNK, f"run.out_dir={tmp_path}", f"run.name={name}", *overrides])
 
 
+def run_on_ray(config, on_source):
+    """``config`` on the asynchronous source; ``on_source`` sees it, its actors started, before the
+    first step."""
+    from opencomposer.rl.loop import RLRun
+    from opencomposer.services.async_rl import AsyncRollouts
+
+    source = AsyncRollouts()
+    run = RLRun(config, source, progress=False)
+    on_source(source)
+    return run.run()
+
+
 def rows(run_dir: Path, kind: str) -> list[dict]:
     every = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [row for row in every if row["kind"] == kind]
@@ -44,11 +57,12 @@ def recorded_indices(run_dir: Path) -> list[int]:
     return sorted(r["index"] for r in trained)
 
 
-def test_an_async_run_on_ray_actors_trains_evaluates_and_records_every_group_once(tmp_path: Path):
+def test_an_async_run_on_ray_actors_trains_evaluates_records_every_group_once_and_ends_quietly(tmp_path: Path, capfd):
+    """Quietly: the actors are shut down in order (dispatchers, workers, then inference and
+    evaluation), so nothing prints an actor-killed traceback at the end."""
     import ray
 
     from opencomposer import protocols
-    from opencomposer.services.async_rl import run_async
 
     # one GPU declared to the local cluster (none is there: Ray only counts it) and asked for by the
     # inference actor, so Ray schedules it on that GPU and hands it the device
@@ -57,20 +71,20 @@ def test_an_async_run_on_ray_actors_trains_evaluates_and_records_every_group_onc
     seams: list[bool] = []
     placement: list[dict] = []
 
-    def check_the_seams(run) -> None:
+    def check_the_seams(source) -> None:
         """While Ray is up (a property of a proxy may be a remote call): the proxies are the seams."""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not seams:
-            services = getattr(run, "services", None)
-            if services is not None and services.workers:
+            services = source.services
+            if services.workers:
                 seams.extend([isinstance(services.inference, protocols.InferenceService),
-                              isinstance(services.workers[0], protocols.EnvironmentWorker),
+                              isinstance(services.workers[0], protocols.EpisodeWorker),
                               isinstance(services.evaluation, protocols.EvaluationService)])
                 placement.append(ray.get(services.inference.actor.placement.remote()))
             time.sleep(0.05)
 
-    summary = run_async(config, progress=False, on_run=lambda run: threading.Thread(
-        target=check_the_seams, args=(run,), daemon=True).start())
+    summary = run_on_ray(config, lambda source: threading.Thread(
+        target=check_the_seams, args=(source,), daemon=True).start())
 
     assert seams == [True, True, True]
     assert placement[0]["gpu_ids"] == ["0"]  # the actor holds the GPU it asked for
@@ -85,6 +99,8 @@ def test_an_async_run_on_ray_actors_trains_evaluates_and_records_every_group_onc
     for path in sorted((summary.run_dir / "rollouts").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             assert json.loads(line)["status"] != "infra_error", line
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err and "ActorDied" not in out + err, (out + err)[-3000:]
 
 
 @pytest.mark.slow  # ~40 s; the embedded backend's fault test (tests/services/test_async_rl.py) runs in make test
@@ -94,17 +110,15 @@ def test_killed_actors_a_worker_replaced_and_inference_restarted_and_the_run_fin
     and the generate calls in flight are re-issued (no episode fails)."""
     import ray
 
-    from opencomposer.services.async_rl import run_async
-
     config = config_for(tmp_path, "kill", "rl.eval_every=0", "services.heartbeat_s=0.25",
                         "services.worker_timeout_s=1.5")
     killed: list[int] = []
 
-    def kill_a_busy_worker_then_inference(run) -> None:
+    def kill_a_busy_worker_then_inference(source) -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            services = getattr(run, "services", None)
-            busy = [w for w in getattr(services, "workers", []) if w.running is not None]
+            services = source.services
+            busy = [w for w in services.workers if w.running is not None]
             if busy:
                 killed.append(busy[0].running)
                 ray.kill(busy[0].actor)
@@ -114,16 +128,16 @@ def test_killed_actors_a_worker_replaced_and_inference_restarted_and_the_run_fin
 
     runs: list = []
 
-    def on_run(run) -> None:
-        runs.append(run)
-        threading.Thread(target=kill_a_busy_worker_then_inference, args=(run,), daemon=True).start()
+    def on_source(source) -> None:
+        runs.append(source)
+        threading.Thread(target=kill_a_busy_worker_then_inference, args=(source,), daemon=True).start()
 
-    summary = run_async(config, progress=False, on_run=on_run)
+    summary = run_on_ray(config, on_source)
 
     assert killed, "no worker was seen running a group"
     run = runs[0]
     assert run.worker_deaths >= 1, killed
-    assert max(run.detect_s) < 1.5 + 1.5, run.detect_s  # declared dead within seconds of going silent
+    assert min(run.detect_s) > 1.5, run.detect_s  # declared dead by its silence, never before the timeout
     last = rows(summary.run_dir, "train")[-1]
     assert last["worker_deaths"] >= 1 and last["groups_reassigned"] >= 1, last
     assert last["inference_restarts"] == 1, last

@@ -109,20 +109,32 @@ def test_end_of_stream_gives_a_short_last_batch_then_done():
 
 def test_an_exhausted_stream_with_groups_out_makes_admit_wait_not_spin():
     """Once every group is handed out but some are still sampling, an idle dispatcher's ``admit``
-    sleeps until something changes (a spinning one held the GIL and starved inference)."""
+    sleeps until something changes (a spinning one held the GIL and starved inference): it looks
+    at the reconciler once, then waits on its condition until a change wakes it."""
     import threading
-    import time
 
     r = Reconciler(batch_tasks=2, max_staleness=1, stale_policy="wait", total=2)
     assert admit_all(r) == [0, 1]
-    started = time.monotonic()
-    assert r.admit(timeout=0.3) is None
-    assert time.monotonic() - started >= 0.25  # waited out its timeout
-    threading.Timer(0.2, r.requeue, args=(1, "worker 0 died")).start()
-    slot = r.admit(timeout=5)  # a requeued group wakes it
-    assert slot is not None and slot.index == 1
+    looks, waiting = [], threading.Event()
+    remaining = r._remaining
+
+    def counted() -> int:
+        looks.append(1)
+        waiting.set()
+        return remaining()
+
+    r._remaining = counted
+    admitted: list = []
+    dispatcher = threading.Thread(target=lambda: admitted.append(r.admit()), daemon=True)
+    dispatcher.start()
+    assert waiting.wait(timeout=60)  # it looked, found nothing to do, and waits
+    with r._cond:  # free only once admit is inside wait(), which releases it
+        assert len(looks) == 1 and dispatcher.is_alive() and not admitted
+    r.requeue(1, "worker 0 died")  # a requeued group wakes it
+    dispatcher.join(timeout=60)
+    assert not dispatcher.is_alive() and admitted[0].index == 1
+    r._remaining = remaining
     for i in (0, 1):
         r.scored(i, group(i, 0))
     r.publish(1, r.next_batch(0, timeout=0), {0: True, 1: True})
-    started = time.monotonic()
-    assert r.admit(timeout=5) is None and time.monotonic() - started < 1  # done: returns at once
+    assert r.done() and r.admit() is None  # done: returns at once, even with no timeout

@@ -1,23 +1,52 @@
-"""``opencomposer rl``: RL in the agent harness, synchronous (``rl.loop``) or with the asynchronous
-services (``rl.mode = "async"``, ``services.async_rl``); a rerun resumes the run folder's newest
-checkpoint."""
+"""``opencomposer rl``: the RL run (``rl.loop.RLRun``) from the rollout source ``rl.mode`` names,
+synchronous (``rl.rollouts.SyncRollouts``) or the asynchronous services
+(``services.async_rl.AsyncRollouts``), on every rank of ``trainer.world_size``; a rerun resumes the
+run folder's newest checkpoint."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from opencomposer.config import load_recipe
+from opencomposer.config import Config, load_recipe
+from opencomposer.protocols import RolloutSource
+
+if TYPE_CHECKING:  # both import torch, which the command line loads only when a command runs
+    from opencomposer.distributed.runtime import World
+    from opencomposer.rl.loop import RLSummary
+    from opencomposer.services.faults import FaultPlan
+
+
+def rollout_source(config: Config, faults: FaultPlan | None = None) -> RolloutSource:
+    """The ``protocols.RolloutSource`` of ``rl.mode``; ``faults``: an injected ``services.faults.FaultPlan``
+    (async only)."""
+    if config.rl.mode == "async":
+        from opencomposer.services.async_rl import AsyncRollouts
+
+        return AsyncRollouts(faults=faults)
+    if faults is not None:
+        raise ValueError("injected faults (a FaultPlan) need rl.mode = \"async\"")
+    from opencomposer.rl.rollouts import SyncRollouts
+
+    return SyncRollouts()
+
+
+def rl_worker(world: World, config: Config) -> RLSummary | None:
+    """``distributed.launch``'s function: rank 0 runs the RL run and returns its summary; the
+    other ranks train their shares (``rl.loop.follow_rl``) and return None."""
+    from opencomposer.rl.loop import follow_rl, run_rl
+
+    if not world.main:
+        follow_rl(config, world)
+        return None
+    return run_rl(config, source=rollout_source(config), world=world)
 
 
 def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
     from opencomposer.distributed.runtime import launch
 
-    if config.rl.mode == "async":
-        from opencomposer.services.async_rl import async_worker as worker
-    else:
-        from opencomposer.rl.distributed import rl_worker as worker
-    summary = launch(worker, config)  # trainer.world_size processes, or torchrun's, or this one
+    summary = launch(rl_worker, config)  # trainer.world_size processes, or torchrun's, or this one
     if summary is None:  # a following rank of a torchrun group: rank 0 reports
         return 0
     first, last = summary.first_eval, summary.last_eval

@@ -1,15 +1,25 @@
-"""``opencomposer rl``: the synchronous RL loop (docs/recipe.md §4; docs/architecture.md, "Data flow").
+"""``opencomposer rl``: the RL run (docs/recipe.md §4; docs/architecture.md, "Data flow").
 
-One step: take the next B tasks of the stream, roll out G episodes of each in the real harness
-(sandboxes, agent loop, grading), score them (reference forward, KL penalty, named-term reward,
-group advantages), take one Adam step, and push the new weights into the sampler as policy
-version ``step``. Every ``rl.eval_every`` steps (and before the first, and after the last) the
-held-out suite is evaluated on a fixed seed set. Every ``rl.checkpoint_every`` steps the run is
-checkpointed atomically with the record of trained tasks (``rl.checkpoint``).
+One step: take the groups of the next step from the run's rollout source (B tasks of the stream,
+G episodes each, rolled out in the real harness: sandboxes, agent loop, grading), score them
+(reference forward, KL penalty, named-term reward, group advantages), take one Adam step,
+checkpoint when due, and publish the new weights as policy version ``step``. Every
+``rl.eval_every`` steps (and before the first, and after the last) the held-out suite is
+evaluated on a fixed seed set.
 
-Synchronous on purpose: sampling waits for training and training waits for sampling, so the
-policy that samples is always the one being trained (versions equal; no importance correction
-needed). The report's asynchronous pipeline is the job of ``services/``.
+**Rollout sources** (``protocols.RolloutSource``): ``rl.rollouts.SyncRollouts`` samples a step's
+groups with the weights of the step before and waits for them (the synchronous loop);
+``services.async_rl.AsyncRollouts`` runs the asynchronous services, sampling up to
+``rl.max_staleness`` versions ahead. ``RLRun`` is the same for both: the task stream, scoring,
+training, the exactly-once record, checkpoints, logs and the summary. The command layer picks the
+source (``commands.rl``); ``run_rl`` takes the synchronous one unless given another.
+
+**Parallelism** (``trainer.world_size > 1``, ``parallel.cp``/``ep``) is the ``world`` the run is
+given (``distributed.runtime.World``): rank 0 runs ``RLRun`` with the policy sharded by its
+``Trainer``; where a whole policy is needed (the sampler, the published weights, a checkpoint) it
+comes from ``Trainer.full_model``, gathered from the shards, so a checkpoint has the same layout at
+every world size. The other ranks run ``follow_rl``: load the policy rank 0 starts from (it
+broadcasts the folder), shard it, and train their share of each step until rank 0's ``stop``.
 
 Resuming: ``opencomposer rl`` on a run folder that has checkpoints continues from the newest one.
 The steps after it are replayed from the same stream position with the same episode seeds; logs
@@ -26,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +44,11 @@ from typing import Any
 import torch
 
 from opencomposer.config import Config, ConfigError, ModelConfig, to_toml
+from opencomposer.distributed.runtime import World, current_world
 from opencomposer.io import atomic_directory, atomic_write_text
 from opencomposer.model.device import apply_run_settings, resolve_device
 from opencomposer.numerics.convert import convert_model
+from opencomposer.protocols import RolloutSource
 from opencomposer.rl.checkpoint import (
     RunState,
     TaskRecord,
@@ -88,18 +101,23 @@ def _load_folder(path: Path, config: Config) -> tuple[torch.nn.Module, Any]:
 
 
 class RLRun:
-    """One ``opencomposer rl`` run: set up (fresh or resumed), then ``run()`` the steps."""
+    """One ``opencomposer rl`` run: set up (fresh or resumed), open ``source``, then ``run()`` the
+    steps. ``world``: this process's place in the trainer's group (the launched group's when None)."""
 
-    def __init__(self, config: Config, progress: bool = True):
+    def __init__(self, config: Config, source: RolloutSource, *, world: World | None = None, progress: bool = True):
         self.config = config
         self.rl = config.rl
+        self.source = source
+        self.world = world if world is not None else current_world()
         self.progress = progress
         self.run_dir = config.run.path
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock_run_folder(self.run_dir)  # held until run() returns (or setup fails)
         try:
             self._setup(config)
+            source.open(self)
         except BaseException:
+            source.close()
             self._lock.close()
             raise
 
@@ -114,9 +132,10 @@ class RLRun:
         checkpoint = latest_checkpoint(self.run_dir)
         self.resumed_from = checkpoint
         initial = self._initial_policy()
-        self.model, self.tokenizer = _load_folder(checkpoint / "model" if checkpoint else initial, config)
+        start = self.world.broadcast(str(checkpoint / "model" if checkpoint else initial))  # to follow_rl
+        self.model, self.tokenizer = _load_folder(Path(start), config)
         # [numerics]: the policy trains, and the reference scores, in the recipe's format; the
-        # sampler copies the converted policy (_sampler)
+        # sampler copies the converted policy (rl.rollouts.make_sampler)
         convert_model(self.model, config.numerics)
         reference = None
         if self.rl.kl.reference == "initial":
@@ -127,48 +146,38 @@ class RLRun:
             reference = frozen_copy(reference)
         from opencomposer.rl.trainer import Trainer
 
-        self.trainer = Trainer(self.model, self.tokenizer, config, reference=reference)
+        self.trainer = Trainer(self.model, self.tokenizer, config, reference=reference, world=self.world)
         self.state = RunState()
         if checkpoint is not None:
             self.state, trainer_state = load_training_checkpoint(checkpoint)
             self.trainer.load_state_dict(trainer_state, checkpoint / "optimizer")
             self._check_stream_matches_record(checkpoint)
         atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
-        self.batcher = self._sampler()
         from opencomposer.grading.grade import GradeCache, grade
 
         self.grades = GradeCache() if config.grading.cache else None
         self.grader = self.grades.grade if self.grades else grade
         self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None)
-        self.evaluations = self._logged_evaluations() if checkpoint else []
-
-    def _sampler(self) -> Any:
-        """The batching sampler every episode of a step shares, at the run's policy version.
-
-        The engine is ``[inference] backend``'s (``inference.factory.make_engine``). With ``local``
-        it samples a copy of the policy, so with ``[numerics]`` it samples in the trainer's format (a
-        converted policy is not decoded batch-invariantly: ``inference.local.LocalEngine``)."""
-        from opencomposer.inference.batching import BatchingEngine
-        from opencomposer.inference.factory import make_engine
-
-        return BatchingEngine(make_engine(self.config, self.model, self.tokenizer, policy_version=self.state.step,
-                                          for_training=True, copy_model=True))
+        self.evaluations = read_metrics(self.log.path, kind="eval") if checkpoint else []
 
     def _check_stream_matches_record(self, checkpoint: Path) -> None:
         """Refuse to resume when the recipe now yields another task stream than the one the
         checkpoint's record was trained on (a changed seed, batch size or task folder would
-        otherwise break exactly-once silently)."""
+        otherwise break exactly-once silently): every recorded position must hold the same task,
+        and every step but the last must have trained (or dropped) exactly ``rl.batch_tasks`` of
+        them (groups dropped as stale before training come on top; the last step of a stream may
+        be short)."""
         state, batch = self.state, self.rl.batch_tasks
         problem = None
-        if state.cursor != state.step * batch:
-            problem = f"its stream position {state.cursor} is not step {state.step} × rl.batch_tasks {batch}"
-        else:
-            for record in state.trained:
-                task_id = self.stream.task(record.index).id if record.index < self.stream.size else None
-                if task_id != record.task_id:
-                    problem = (f"stream position {record.index} held task {record.task_id!r} then and "
-                               f"holds {task_id!r} now")
-                    break
+        for record in state.trained:
+            task_id = self.stream.task(record.index).id if record.index < self.stream.size else None
+            if task_id != record.task_id:
+                problem = f"stream position {record.index} held task {record.task_id!r} then and holds {task_id!r} now"
+                break
+        per_step = Counter(r.step for r in state.trained if not r.reason.startswith("stale"))
+        for step in range(1, state.step + 1):
+            if problem is None and (per_step[step] > batch or (per_step[step] < batch and step < state.step)):
+                problem = f"its step {step} trained {per_step[step]} tasks, not rl.batch_tasks = {batch}"
         if problem:
             raise ConfigError(
                 f"cannot resume {checkpoint}: {problem}. The recipe's task stream changed (run.seed, "
@@ -185,32 +194,38 @@ class RLRun:
             atomic_directory(initial, lambda folder: save_checkpoint(model, tokenizer, folder))
         return initial
 
-    def _logged_evaluations(self) -> list[dict[str, float]]:
-        return read_metrics(self.log.path, kind="eval")
-
     # ------------------------------------------------------------------------------------------
     def run(self) -> RLSummary:
         started = time.perf_counter()
         try:
             with ProgressBar("rl", self.rl.steps, status="reward {reward:.3f}  resolved {passed:.2f}",
                              completed=self.state.step, enabled=self.progress) as bar:
-                if self.state.step == 0 and self._eval_due(0):
-                    self.evaluate()
+                self._evaluate_owed()
                 while self.state.step < self.rl.steps:
                     metrics = self.step()
                     bar.update(self.state.step, reward=metrics.get("reward_mean", float("nan")),
                                passed=metrics.get("resolved_rate", float("nan")))
-                    if self._eval_due(self.state.step):
-                        self.evaluate()
                     if self.state.step % self.rl.checkpoint_every == 0 or self.state.step == self.rl.steps:
                         self.checkpoint()
+                    self.source.publish(self.state.step)  # after its checkpoint (services.async_rl)
+                    if self._eval_due(self.state.step):
+                        self.source.evaluate(self.state.step)
+                    self._log_evaluations(wait=False)
+                self._log_evaluations(wait=True)
         finally:
+            self.source.close()
             self.log.close()
             self._lock.close()
-        summary = RLSummary(self.state.step, time.perf_counter() - started, self.evaluations, self.run_dir)
+        self.trainer.stop()  # only on success: after a failure rank 0 exits and the launcher ends the rest
+        return self._summary(time.perf_counter() - started)
+
+    def _summary(self, seconds: float) -> RLSummary:
+        self.evaluations.sort(key=lambda row: row["step"])
+        summary = RLSummary(self.state.step, seconds, self.evaluations, self.run_dir)
+        final = latest_checkpoint(self.run_dir)
         atomic_write_text(self.run_dir / "summary.json", json.dumps({
-            "steps": summary.steps, "evaluations": summary.evaluations,
-            "final_model": str(latest_checkpoint(self.run_dir) / "model") if latest_checkpoint(self.run_dir) else None,
+            "steps": summary.steps, "evaluations": summary.evaluations, "mode": self.rl.mode,
+            "final_model": str(final / "model") if final else None,
         }, indent=1) + "\n")
         return summary
 
@@ -218,57 +233,60 @@ class RLRun:
         every = self.rl.eval_every
         return bool(every) and bool(self.heldout) and (step % every == 0 or step == self.rl.steps)
 
-    def step(self) -> dict[str, float]:
-        """Rollouts → score → one optimizer step → publish; the stream position advances by B."""
-        from opencomposer.rl.rollouts import episode_seed, run_groups
+    def _evaluate_owed(self) -> None:
+        """Evaluations due at versions the source can still evaluate that no logged row holds (the
+        first one on a fresh run; any a crash cut short on a resume)."""
+        logged = {row["step"] for row in self.evaluations}
+        for version in self.source.versions():
+            if version <= self.state.step and self._eval_due(version) and version not in logged:
+                self.source.evaluate(version)
+        self._log_evaluations(wait=False)
 
-        rl, state = self.rl, self.state
+    def _log_evaluations(self, wait: bool) -> None:
+        for version, metrics in self.source.evaluations(wait=wait):
+            self.log.log(version, "eval", metrics)
+            self.evaluations.append({"step": version, **metrics})
+
+    def step(self) -> dict[str, float]:
+        """The source's next groups → score → one optimizer step → the exactly-once record; the
+        caller checkpoints and publishes."""
+        state = self.state
         started = time.perf_counter()
-        indices = list(range(state.cursor, state.cursor + rl.batch_tasks))
-        tasks = [self.stream.task(i) for i in indices]
-        seeds = [[episode_seed(self.config.run.seed, "train", i, j) for j in range(rl.group_size)] for i in indices]
-        calls_before, rows_before = self.batcher.stats.calls, self.batcher.stats.rows
-        hits_before = self.grades.hits if self.grades else 0
-        groups = run_groups(tasks, self.batcher, self.tokenizer, self.config, group_size=rl.group_size,
-                            seeds=seeds, workers=rl.rollout_workers, grader=self.grader)
-        rollout_s = time.perf_counter() - started
-        check_not_all_failed(groups, state.step + 1)
-        scored = self.trainer.score(groups)
-        loss, train_metrics = self.trainer.train(scored, version=state.step)  # staleness 0, as a check
-        state.step += 1
-        state.cursor += rl.batch_tasks
-        state.trained += step_records(indices, groups, state.step, skipped=bool(train_metrics["skipped"]))
-        self.trainer.publish(self.batcher, state.step)
-        self._write_rollouts(groups)
+        batch = self.source.next_batch(state.step)
+        trained_from = time.perf_counter()
+        check_not_all_failed(batch.groups, state.step + 1)  # before anything of the step is kept
+        scored = self.trainer.score(batch.groups)
+        loss, train_metrics = self.trainer.train(scored, version=state.step)
+        step = state.step + 1
+        records = step_records(batch.indices, batch.groups, step, skipped=bool(train_metrics["skipped"]))
+        records += [TaskRecord(index, self.stream.task(index).id, step, "dropped", reason)
+                    for index, reason in batch.dropped]
+        self.source.trained(step, records)
+        state.step = step
+        state.cursor = max(state.cursor, batch.cursor)
+        state.trained += records
+        self._write_rollouts(batch.groups)
         metrics = {
             **scored.metrics,
             "loss": loss,
             **train_metrics,
-            "rollout_s": rollout_s,
+            **batch.metrics,
+            "train_s": time.perf_counter() - trained_from,
             "step_s": time.perf_counter() - started,
-            "engine_calls": float(self.batcher.stats.calls - calls_before),
-            "engine_rows": float(self.batcher.stats.rows - rows_before),
-            "grades_reused": float((self.grades.hits if self.grades else 0) - hits_before),
-            "policy_version": float(state.step),
+            "policy_version": float(step),
         }
-        self.log.log(state.step, "train", metrics)
-        return metrics
-
-    def evaluate(self) -> dict[str, float]:
-        from opencomposer.rl.evaluate import evaluate
-
-        metrics = evaluate(self.heldout, self.batcher, self.tokenizer, self.config, grader=self.grader,
-                           record=self.run_dir / "eval" / f"step-{self.state.step:06d}.jsonl")
-        self.log.log(self.state.step, "eval", metrics)
-        self.evaluations.append({"step": self.state.step, **metrics})
+        self.log.log(step, "train", metrics)
         return metrics
 
     def checkpoint(self) -> Path:
         self.log.sync()
         trainer_state = self.trainer.state_dict()
         sharded = trainer_state.get("optimizer_format") == "sharded"
-        return save_training_checkpoint(self.run_dir, self.state, self.model, self.tokenizer, trainer_state,
-                                        self.rl.keep_checkpoints, self.trainer.save_optimizer if sharded else None)
+        path = save_training_checkpoint(self.run_dir, self.state, self.trainer.full_model(), self.tokenizer,
+                                        trainer_state, self.rl.keep_checkpoints,
+                                        self.trainer.save_optimizer if sharded else None)
+        self.source.checkpointed()
+        return path
 
     def _write_rollouts(self, groups: list[Group]) -> None:
         lines = []
@@ -323,6 +341,22 @@ def step_records(indices: list[int], groups: list[Group], step: int, skipped: bo
     return records
 
 
-def run_rl(config: Config, progress: bool = True) -> RLSummary:
-    """Run (or resume) the RL loop of ``config``; see the module doc."""
-    return RLRun(config, progress=progress).run()
+def follow_rl(config: Config, world: World) -> None:
+    """Ranks > 0: load the policy rank 0 starts from, shard it, and train as rank 0 commands."""
+    from opencomposer.model.loading import load_model
+    from opencomposer.rl.trainer import Trainer
+
+    apply_run_settings(config.run)
+    start = world.broadcast(None)
+    model, tokenizer = load_model(ModelConfig(kind="hf", path=start, dtype=config.model.dtype), device=world.device)
+    convert_model(model, config.numerics)
+    Trainer(model, tokenizer, config, world=world).follow()
+
+
+def run_rl(config: Config, progress: bool = True, source: RolloutSource | None = None,
+           world: World | None = None) -> RLSummary:
+    """Run (or resume) the RL run of ``config`` from ``source`` (the synchronous one when None) on
+    rank 0 of ``world``; see the module doc."""
+    from opencomposer.rl.rollouts import SyncRollouts
+
+    return RLRun(config, source or SyncRollouts(), world=world, progress=progress).run()

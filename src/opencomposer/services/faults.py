@@ -29,7 +29,7 @@ class EngineDied(RuntimeError):
 
 
 class WorkerDied(PolicyError):
-    """An environment worker died under an episode; the episode is an infrastructure failure."""
+    """An episode worker died under an episode; the episode is an infrastructure failure."""
 
 
 class TrainerKilled(BaseException):  # noqa: N818 (a BaseException like KeyboardInterrupt: nothing catches it)

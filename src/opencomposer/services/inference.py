@@ -1,4 +1,4 @@
-"""The inference service: one sampler serving every episode of every environment worker.
+"""The inference service: one sampler serving every episode of every episode worker.
 
 ``InferenceService`` holds the recipe's engine (``[inference] backend``, built by
 ``inference.factory.make_engine``: a ``LocalEngine`` by default) behind a ``BatchingEngine`` (the
@@ -188,7 +188,7 @@ class InferenceHost:
     embedded backend's inference process). It builds the policy from the run's ``initial`` folder
     and takes every version from the weight store at ``store_url`` (no weights travel with the
     calls); ``version`` None starts at the newest published one (a restart). Sessions are named by
-    their callers and grouped by owner (an environment worker), so a dead worker's sessions can be
+    their callers and grouped by owner (an episode worker), so a dead worker's sessions can be
     closed for it; a name it does not know (opened before a restart of this process) opens now."""
 
     def __init__(self, folder: str, config: Any, store_url: str, version: int | None, gpu: bool = True):
@@ -273,7 +273,7 @@ class RemoteInference:
     """An ``InferenceHost`` in another process as this one sees it: an ``InferenceService``
     (``protocols``) whose sessions and weight loads are calls through ``call(method, *args)``
     (a Ray call, a call to the inference process). ``owner`` names the caller's sessions (an
-    environment worker's, or the trainer's)."""
+    episode worker's, or the trainer's)."""
 
     def __init__(self, call: Callable[..., Any], owner: str, tokenizer: Any):
         self.call, self.owner, self.tokenizer = call, owner, tokenizer
@@ -293,7 +293,7 @@ class RemoteInference:
         return RemoteSession(self)
 
     def for_owner(self, owner: str) -> RemoteInference:
-        """The same host, with sessions named by ``owner`` (an environment worker)."""
+        """The same host, with sessions named by ``owner`` (an episode worker)."""
         return RemoteInference(self.call, owner, self.tokenizer)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:

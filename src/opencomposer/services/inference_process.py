@@ -2,7 +2,7 @@
 
 A child process (spawned, so it starts without the trainer's threads) hosts the same
 ``InferenceHost`` the Ray inference actor hosts, built from the run's ``initial`` folder and
-following the weight store; the environment workers stay threads of the trainer's process, and
+following the weight store; the episode workers stay threads of the trainer's process, and
 their sessions are calls into the child over ``multiprocessing.managers``, which gives every
 calling thread its own connection and a serving thread of its own in the child, so the G
 episodes of a group still batch together. What it buys is isolation: the sampler's memory, a
@@ -73,7 +73,7 @@ def _child_setup(parent: int, cpus: set[int]) -> None:
 
 class InferenceProcess(RemoteInference):
     """The inference service in a child process (see module doc): an ``InferenceService`` whose
-    sessions are owned by ``owner``; ``for_owner`` gives each environment worker a view of the
+    sessions are owned by ``owner``; ``for_owner`` gives each episode worker a view of the
     same process under its own name."""
 
     def __init__(self, folder: str, config: Any, store_url: str, version: int, tokenizer: Any, *,

@@ -1,8 +1,8 @@
-"""``services.backend = "ray"``: inference, environment workers and evaluation as Ray actors.
+"""``services.backend = "ray"``: inference, episode workers and evaluation as Ray actors.
 
 ``RayServices`` is ``async_rl.EmbeddedServices`` with the services moved out of the trainer's
 process: the same attributes and methods (``inference.load_weights``, ``evaluation``,
-``new_worker``, ``inference_restarts``, ``shutdown``), so ``AsyncRLRun`` drives either backend
+``new_worker``, ``inference_restarts``, ``shutdown``), so ``AsyncRollouts`` drives either backend
 with the same code. The trainer stays in this process (the Ray driver). Each actor hosts the
 embedded backend's own service object, not a second implementation of it:
 
@@ -15,13 +15,13 @@ embedded backend's own service object, not a second implementation of it:
   back at the newest published version and Ray re-issues the ``generate`` calls in flight, which
   carry their seeds, so an episode never sees the failure (``inference_restarts`` counts these
   restarts, as it counts engine restarts on the embedded backend).
-- **environment workers**: one threaded actor per worker, each holding an ``EnvWorker`` whose
+- **episode workers**: one threaded actor per worker, each holding an ``EpisodeWorker`` whose
   inference service is a proxy (``RayInference``) making remote calls to the inference actor.
   A finished ``Group`` goes back through the Ray object store; ``start`` returns a
   ``concurrent.futures.Future`` for it. A daemon thread of this process pings the actor every
   ``services.heartbeat_s``; ``last_beat`` moves only when a ping answers within
   ``services.worker_timeout_s``, so a killed or hung actor goes silent and the dispatcher
-  (``AsyncRLRun._dispatch``) declares it dead and samples its group again elsewhere. A dead
+  (``AsyncRollouts._dispatch``) declares it dead and samples its group again elsewhere. A dead
   actor's group future never completes (as a dead embedded worker's), so the one route to
   "dead" is the silence. The ping also carries the indices whose grading started, which this
   process hands to the reconciler.
@@ -32,7 +32,7 @@ embedded backend's own service object, not a second implementation of it:
 build it from the run's ``initial`` folder (the architecture and tokenizer) and take the version
 they serve from the weight store, so their constructor arguments are a few strings and the
 recipe (``Config``, a tree of dataclasses): a restarted inference actor needs nothing that
-lived in the object store. An environment worker needs only the tokenizer, put in the object
+lived in the object store. An episode worker needs only the tokenizer, put in the object
 store once; tasks go with the calls, finished groups come back through the object store. On a
 multi-node cluster the run folder and ``services.weight_store`` must therefore be readable from
 every node (the default store, ``{run}/weights``, is a local folder), and every node needs
@@ -77,7 +77,7 @@ from opencomposer.types import Completion, Group, SamplingParams, Task
 
 log = logging.getLogger(__name__)
 
-# CPUs each actor asks Ray for. Environment workers mostly wait (on the sandbox, on inference) and
+# CPUs each actor asks Ray for. Episode workers mostly wait (on the sandbox, on inference) and
 # evaluation runs now and then, so they take none, and 2+ workers fit beside inference on a
 # 2-core machine; the process scheduler shares the cores.
 INFERENCE_CPUS = 1
@@ -88,7 +88,7 @@ CONTROL_CALLS = 4  # inference threads kept for sessions and weights, never held
 
 
 def _grader(config: Config) -> Any:
-    """A grader of this process, as ``RLRun`` builds it (a ``GradeCache`` holds locks: not picklable)."""
+    """A grader of this process, as ``rl.loop.RLRun`` builds it (a ``GradeCache`` holds locks: not picklable)."""
     from opencomposer.grading.grade import GradeCache, grade
 
     return GradeCache().grade if config.grading.cache else grade
@@ -138,7 +138,7 @@ def actor_lost(error: BaseException | None) -> bool:
 
 
 def owner(worker_id: int) -> str:
-    """The inference actor's name for the sessions of environment worker ``worker_id``."""
+    """The inference actor's name for the sessions of episode worker ``worker_id``."""
     return f"env-{worker_id}"
 
 
@@ -230,22 +230,22 @@ def _ask(call: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# Environment workers
+# Episode workers
 
 
 @ray.remote(num_cpus=ENV_WORKER_CPUS, concurrency_groups={"heartbeat": 1})
-class EnvWorkerActor:
-    """An ``EnvWorker`` in an actor: ``run_group`` rolls out one group at a time, ``ping`` answers
+class EpisodeWorkerActor:
+    """An ``EpisodeWorker`` in an actor: ``run_group`` rolls out one group at a time, ``ping`` answers
     the heartbeat (in a thread of its own, never behind a group)."""
 
     def __init__(self, worker_id: int, inference: Any, tokenizer: Any, config: Config):
-        from opencomposer.services.environments import EnvWorker
+        from opencomposer.services.episodes import EpisodeWorker
 
         apply_run_settings(config.run)
         remote = RayInference(inference, owner(worker_id), tokenizer)
         self._grading: list[int] = []  # indices whose grading started since the last ping
         self._lock = threading.Lock()
-        self.worker = EnvWorker(worker_id, remote, tokenizer, config, grader=_grader(config),
+        self.worker = EpisodeWorker(worker_id, remote, tokenizer, config, grader=_grader(config),
                                 on_grading=self._grading_started)
 
     def _grading_started(self, index: int) -> None:
@@ -263,8 +263,8 @@ class EnvWorkerActor:
         return self.worker.run_group(index, task, seeds, attempt)
 
 
-class RemoteEnvWorker:
-    """This process's handle on one environment worker actor: the ``EnvWorker`` interface the
+class RemoteEpisodeWorker:
+    """This process's handle on one episode worker actor: the ``EpisodeWorker`` interface the
     dispatcher uses (``worker_id``, ``last_beat``, ``start``, ``close``)."""
 
     def __init__(self, worker_id: int, actor: Any, inference: RayInference, config: Config,
@@ -433,18 +433,19 @@ def check_gpu_requests(config: Config, node_gpus: list[float], evaluation: bool)
 
 
 class RayServices:
-    """See module doc; ``run`` is the ``AsyncRLRun`` whose services these are."""
+    """See module doc; ``source`` is the ``AsyncRollouts`` whose services these are."""
 
-    def __init__(self, run: Any):
-        if run.faults is not None:
+    def __init__(self, source: Any):
+        if source.faults is not None:
             raise ValueError(
                 "fault injection (a FaultPlan) runs on services.backend = \"embedded\" only: the plan "
                 "does not cross into Ray actors; to kill a worker under Ray, ray.kill its actor"
             )
-        self.run = run
+        self.source = source
+        run = source.run
         config = run.config
         self.started_ray = _init_ray(config)
-        self.workers: list[RemoteEnvWorker] = []  # every worker made, dead or alive
+        self.workers: list[RemoteEpisodeWorker] = []  # every worker made, dead or alive
         self.evaluation: EvaluationClient | None = None
         self.gate = RayGate()
         self._lock = threading.Lock()  # ``workers``, the two fields below, and the gate's closing
@@ -455,20 +456,20 @@ class RayServices:
             initial = str(run.run_dir / "initial")
             # every episode of every worker may wait in generate at once, and a dead worker's calls
             # may still be draining
-            concurrency = 2 * run.workers_count * config.rl.group_size + 8
+            concurrency = 2 * source.workers_count * config.rl.group_size + 8
             services = config.services
             nodes = [node["Resources"].get("GPU", 0.0) for node in ray.nodes() if node.get("Alive")]
             check_gpu_requests(config, nodes, evaluation=bool(run.heldout))
             inference = InferenceActor.options(max_concurrency=concurrency, num_gpus=services.ray_inference_gpus)
-            inference = inference.remote(initial, config, run.store.url, run.state.step)
+            inference = inference.remote(initial, config, source.store.url, run.state.step)
             self._actors.append(inference)
             if run.heldout:
                 evaluation = EvaluationActor.options(num_gpus=services.ray_evaluation_gpus).remote(
-                    initial, config, run.heldout, run.store.url)
+                    initial, config, run.heldout, source.store.url)
                 self._actors.append(evaluation)
                 self.evaluation = EvaluationClient(evaluation)
             with self._lock:
-                self._starting = {i: self._worker_actor(i, inference) for i in range(run.workers_count)}
+                self._starting = {i: self._worker_actor(i, inference) for i in range(source.workers_count)}
             self.inference = RayInference(inference, "trainer", run.tokenizer)
             ray.get(inference.max_positions.remote(), timeout=STARTUP_TIMEOUT_S)  # its engine is built
             log.info("inference actor: %s", ray.get(inference.placement.remote()))
@@ -476,23 +477,23 @@ class RayServices:
             self.shutdown()
             raise
 
-    def new_worker(self, worker_id: int) -> RemoteEnvWorker:
-        """A new environment worker actor, returned once it answers its first ping."""
+    def new_worker(self, worker_id: int) -> RemoteEpisodeWorker:
+        """A new episode worker actor, returned once it answers its first ping."""
         with self.gate.open() as up:
             with self._lock:
                 if not up or self.gate.closed:
-                    raise RuntimeError(f"environment worker {worker_id}: the Ray services are shut down")
+                    raise RuntimeError(f"episode worker {worker_id}: the Ray services are shut down")
                 actor = self._starting.pop(worker_id, None)
                 actor = actor or self._worker_actor(worker_id, self.inference.actor)
-            worker = RemoteEnvWorker(worker_id, actor, self.inference, self.run.config,
-                                     self.run.reconciler.grading, self.gate)
+            worker = RemoteEpisodeWorker(worker_id, actor, self.inference, self.source.run.config,
+                                         self.source.reconciler.grading, self.gate)
         with self._lock:
             self.workers.append(worker)
         return worker
 
     def _worker_actor(self, worker_id: int, inference: Any) -> Any:
         """A new worker actor, recorded for shutdown (the caller holds the lock)."""
-        actor = EnvWorkerActor.remote(worker_id, inference, self.tokenizer, self.run.config)
+        actor = EpisodeWorkerActor.remote(worker_id, inference, self.tokenizer, self.source.run.config)
         self._actors.append(actor)
         return actor
 
@@ -508,6 +509,6 @@ class RayServices:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         if not self.gate.drain(timeout=30.0):
-            log.warning("Ray calls of the environment dispatchers still running 30 s after shutdown began")
+            log.warning("Ray calls of the episode dispatchers still running 30 s after shutdown began")
         if self.started_ray:
             ray.shutdown()

@@ -8,7 +8,7 @@ through
 
 (``dropped`` is reachable from every state before ``trained``: too few scored episodes, a stale
 group under ``rl.stale_policy = "drop"``, or a step that applied no update). The reconciler is
-pure bookkeeping under one lock; the environment workers, the trainer and the checkpoint code
+pure bookkeeping under one lock; the episode workers, the trainer and the checkpoint code
 call it, and it never runs a model or a sandbox itself.
 
 **Admission.** A new group may start sampling only while fewer than ``(max_staleness + 1) × B``
@@ -91,7 +91,7 @@ class Reconciler:
         self._closed = False
         self.stats = ReconcilerStats()
 
-    # -- environment side ------------------------------------------------------------------------
+    # -- episode side ----------------------------------------------------------------------------
     def outstanding(self) -> int:
         """Groups admitted and not yet consumed (trained or dropped)."""
         return sum(s.state in ("sampling", "grading", "scored") for s in self.slots.values())
