@@ -9,6 +9,7 @@ step. Not timed: generation, rewards, the reference model.
 
     .venv/bin/pip install -e ".[bench]"     # TRL, pinned; it leaves torch 2.13.0 alone (`make bench` does it)
     .venv/bin/python benchmarks/trainer.py [--threads 1] [--steps 5]
+    .venv/bin/python benchmarks/trainer.py --quick    # seconds; without TRL installed, ours only
 
 Prints tokens per second (prompt + completion tokens of the batch, per second of step) for ours,
 ours without the shared-prefix forward, and TRL twice: as ``GRPOConfig`` ships (gradient
@@ -28,6 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _quick import parse_args
+
+QUICK = {"prompts": 1, "group": 2, "prefix": 32, "instruction": 8, "completion": 16, "hidden": 32, "layers": 1,
+         "experts": 2, "steps": 1}
 
 
 def build_model(args):
@@ -83,8 +88,8 @@ def ours(model, tokenizer, batch, args, share_prefix: bool) -> float:
     optimizer = build_optimizer(model, lr=config.lr, betas=tuple(config.adam_betas), eps=config.adam_eps)
     original = step_module.token_logprobs
 
-    def forward(model, batch, **kwargs):
-        return original(model, batch, share_prefix=share_prefix, **kwargs)
+    def forward(model, batch, **kwargs):  # train_step chooses share_prefix itself: this side's choice replaces it
+        return original(model, batch, **{**kwargs, "share_prefix": share_prefix})
 
     step_module.token_logprobs = forward
     try:
@@ -132,7 +137,8 @@ def trl(model, tokenizer, batch, args, checkpointing: bool) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=2, help="B: prompts per batch")
     parser.add_argument("--group", type=int, default=8, help="G: completions per prompt")
     parser.add_argument("--prefix", type=int, default=1024, help="tokens of the shared system prefix")
@@ -145,18 +151,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side (median reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--json", help="also write the numbers to this JSON file")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     try:
         import trl as trl_package
     except ImportError:
-        print('TRL is not installed: .venv/bin/pip install -e ".[bench]" (or run `make bench`)', file=sys.stderr)
-        return 2
+        if not args.quick:
+            print('TRL is not installed: .venv/bin/pip install -e ".[bench]" (or run `make bench`)', file=sys.stderr)
+            return 2
+        trl_package = None
     if args.threads:
         torch.set_num_threads(args.threads)
     batch = synthetic_batch(args)
     tokens = batch[0].size + batch[1].size
     results = {}
-    trl_sides = {"TRL (default config)": True, "TRL, no grad. checkpointing": False}
+    trl_sides = {"TRL (default config)": True, "TRL, no grad. checkpointing": False} if trl_package else {}
     for name in ("ours", "ours, no shared prefix", *trl_sides):
         model, tokenizer = build_model(args)  # a fresh copy per side: same weights, fresh optimizer
         if name in trl_sides:
@@ -164,18 +172,22 @@ def main() -> int:
         else:
             seconds = ours(model, tokenizer, batch, args, share_prefix=name == "ours")
         results[name] = seconds
-    print(f"torch {torch.__version__}, TRL {trl_package.__version__}, {torch.get_num_threads()} threads; "
+    trl_version = trl_package.__version__ if trl_package else "not installed"
+    print(f"torch {torch.__version__}, TRL {trl_version}, {torch.get_num_threads()} threads; "
           f"batch {args.prompts} prompts x {args.group} completions, prompt {args.prefix}+{args.instruction}, "
           f"completion {args.completion} tokens ({tokens:,} tokens/step)")
     for name, seconds in results.items():
         print(f"  {name:<24} {seconds * 1000:9.1f} ms/step  {tokens / seconds:10,.0f} tokens/s")
-    fastest_trl = min(results[name] for name in trl_sides)
-    ratio = fastest_trl / results["ours"]
-    print(f"ours / TRL throughput (against TRL's faster configuration): {ratio:.2f}x (target >= 1.5x); "
-          f"without the shared prefix: {fastest_trl / results['ours, no shared prefix']:.2f}x")
+    ratio = None
+    if trl_sides:
+        fastest_trl = min(results[name] for name in trl_sides)
+        ratio = fastest_trl / results["ours"]
+        print(f"ours / TRL throughput (against TRL's faster configuration): {ratio:.2f}x (target >= 1.5x); "
+              f"without the shared prefix: {fastest_trl / results['ours, no shared prefix']:.2f}x")
     if args.json:
-        record = {"torch": torch.__version__, "trl": trl_package.__version__, "threads": torch.get_num_threads(),
-                  "args": vars(args), "tokens_per_step": int(tokens),
+        record = {"torch": torch.__version__, "trl": trl_version, "threads": torch.get_num_threads(),
+                  "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                  "tokens_per_step": int(tokens),
                   "seconds_per_step": results, "ratio_vs_fastest_trl": ratio}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
