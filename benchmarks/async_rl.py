@@ -15,6 +15,7 @@ synchronous one. verl reports 1.72x and AReaL 2.77x for asynchronous over synchr
 
     .venv/bin/python benchmarks/async_rl.py [--steps 6 --batch-tasks 4 --group-size 8 --no-ray]
                                             [--rounds 3] [--only sync 'async process stal. 1']
+    .venv/bin/python benchmarks/async_rl.py --quick   # sync and async staleness 1, two tiny steps each
 
 Results are printed and written to benchmarks/results/async_rl.json.
 """
@@ -28,20 +29,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from _quick import parse_args
+
 from opencomposer.config import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "async_rl.json"
+QUICK = {"steps": 2, "batch_tasks": 1, "group_size": 2, "max_new_tokens": 8, "no_ray": True,
+         "only": ["sync", "async staleness 1"]}
 
 
 def measure(label: str, name: str, overrides: list[str], base: list[str], folder: Path) -> dict[str, float]:
     from opencomposer.rl.loop import run_rl
-    from opencomposer.services.async_rl import run_async
+    from opencomposer.services.async_rl import AsyncRollouts
 
     config = load_recipe(ROOT / "recipes" / "rl-tiny.toml", [*base, f"run.out_dir={folder}", f"run.name={name}", *overrides])
     started = time.perf_counter()
-    run = run_async if config.rl.mode == "async" else run_rl
-    summary = run(config, progress=False)
+    summary = run_rl(config, progress=False, source=AsyncRollouts() if config.rl.mode == "async" else None)
     total = time.perf_counter() - started
     rows = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [row for row in rows if row["kind"] == "train"]
@@ -67,7 +70,8 @@ def measure(label: str, name: str, overrides: list[str], base: list[str], folder
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch-tasks", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
@@ -76,7 +80,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every configuration this many times, interleaved; report the median")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="only these configurations (with 'sync')")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     base = ["model.path=", f"rl.steps={args.steps}", f"rl.batch_tasks={args.batch_tasks}",
             f"rl.group_size={args.group_size}", "rl.eval_every=0", f"sampling.max_new_tokens={args.max_new_tokens}",
             "rl.lr_warmup_steps=0"]
@@ -105,7 +109,8 @@ def main() -> None:
         if unknown or "sync" not in args.only:
             parser.error(f"--only takes names from {sorted(configs)} and must include 'sync'; got {unknown or args.only}")
         configs = {name: overrides for name, overrides in configs.items() if name in args.only}
-    results: dict[str, object] = {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0], **vars(args)}
+    results: dict[str, object] = {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()[0],
+                                  **{k: v for k, v in vars(args).items() if k != "results_dir"}}
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):  # rounds interleave the configurations: drifting load hits them alike
@@ -115,13 +120,17 @@ def main() -> None:
         # the round with the median rate, and every round's rate
         results[name] = {**sorted(measured, key=lambda m: m["groups_per_minute"])[len(measured) // 2],
                          "rounds_groups_per_minute": [m["groups_per_minute"] for m in measured]}
+    print(f"\n{'configuration':<34}  {'groups/min':>10}  {'vs sync':>7}  rounds vs sync")
     for name in configs:
         ratios = [m / s for m, s in zip(results[name]["rounds_groups_per_minute"],
                                         results["sync"]["rounds_groups_per_minute"], strict=True)]
         results[name]["vs_sync"] = results[name]["groups_per_minute"] / results["sync"]["groups_per_minute"]
         results[name]["rounds_vs_sync"] = ratios
-        print(f"{name:>24}: {results[name]['vs_sync']:.2f}x sync (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"{name:<34}  {results[name]['groups_per_minute']:>10.2f}  {results[name]['vs_sync']:>6.2f}x  "
+              f"{', '.join(f'{x:.2f}' for x in ratios)}")
+    out = args.results_dir / "async_rl.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
