@@ -26,6 +26,9 @@ The state block is explicit: the number of summaries so far, turns used and left
 used so far, and the files the workspace has changed (from the sandbox's ``git`` status), so the
 model resumes knowing where the episode stands even when its summary forgot it.
 
+The functions and policies here that take a ``loop`` take the running ``agent.loop.AgentLoop``,
+typed ``Any`` as in ``protocols.Summarizer``: that module imports this one.
+
 Chain metrics (``Episode.metrics``): ``segments``, ``summaries``, ``summary_tokens`` (model tokens
 written as summaries or compactions), ``compaction_tokens`` and ``compaction_prompt_tokens`` (output
 and prefill of the compaction calls, which no turn holds), ``summary_prefill_reused`` (context tokens a prefix cache holds for the summary call:
@@ -35,14 +38,11 @@ the next one does not start with).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opencomposer.agent.protocol import TokenTranscript, message_dicts, split_reasoning
 from opencomposer.model.tokenizer import TOOL_CALL_OPEN
 from opencomposer.types import Message
-
-if TYPE_CHECKING:
-    from opencomposer.agent.loop import AgentLoop
 
 SUMMARY_REQUEST = (
     "Your context is nearly full. Summarise the work so far so that you can continue from the summary "
@@ -90,7 +90,7 @@ def summary_text(turn_text: str) -> str:
     return (rest if cut < 0 else rest[:cut]).strip()
 
 
-def state_block(loop: AgentLoop, summaries: int) -> str:
+def state_block(loop: Any, summaries: int) -> str:
     """Where the episode stands, for the first message of a fresh segment."""
     budgets = loop.task.budgets
     turns = len(loop.episode.turns)
@@ -102,7 +102,7 @@ def state_block(loop: AgentLoop, summaries: int) -> str:
             f"files changed in the workspace: {files}.")
 
 
-def resume_messages(loop: AgentLoop, summary: str, summaries: int) -> list[Message]:
+def resume_messages(loop: Any, summary: str, summaries: int) -> list[Message]:
     """The messages a fresh segment starts from: system prompt, task, then summary and state."""
     head = loop.initial_messages()
     body = (f"Your context was reset; this is your summary of the work so far.\n<summary>\n{summary}\n</summary>\n"
@@ -157,10 +157,10 @@ class Compaction:
 
     name = "compaction"
 
-    def should_summarize(self, loop: AgentLoop) -> bool:
+    def should_summarize(self, loop: Any) -> bool:
         return loop.context_full()
 
-    def summarize(self, loop: AgentLoop) -> list[Message]:
+    def summarize(self, loop: Any) -> list[Message]:
         messages = compaction_messages(loop.messages)
         ids = compaction_prompt_ids(loop.tokenizer, messages) if loop.transcript is not None else None
         output = loop.side_call(messages, ids, loop.config.compaction_max_tokens)
@@ -183,10 +183,10 @@ class Truncate:
 
     name = "truncate"
 
-    def should_summarize(self, loop: AgentLoop) -> bool:
+    def should_summarize(self, loop: Any) -> bool:
         return loop.context_full() and bool(droppable(loop.messages))
 
-    def summarize(self, loop: AgentLoop) -> list[Message]:
+    def summarize(self, loop: Any) -> list[Message]:
         target = loop.trigger // 2
         messages, _ = truncated(loop.messages, lambda m: loop.count_tokens(m) <= target)
         return messages

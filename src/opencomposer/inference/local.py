@@ -127,39 +127,10 @@ import torch
 
 from opencomposer.inference.decoders import HFDecoder, LeanDecoder, lean_supported
 from opencomposer.inference.invariant import InvariantDecoder, Prefix, batch_dependent_format
-from opencomposer.inference.sampling import kept_tokens, prefix_sums, truncated_logprobs, truncates
+from opencomposer.inference.rows import Row, row_seed, sample_tokens
 from opencomposer.model.routing import RouteRecorder, route_dtype
 from opencomposer.model.tokenizer import stop_token_ids
 from opencomposer.types import Completion, SamplingParams
-
-
-def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row. ``logits`` [B, V] float32, ``uniforms`` [B] in [0, 1).
-
-    Returns ``(tokens [B], logprobs [B])``; logprobs are those of the distribution sampled from:
-    temperature-scaled, cut by top-k / top-p and renormalised (``inference.sampling``); for
-    greedy, the log-softmax at temperature 1.
-    """
-    if params.temperature == 0:
-        tokens = logits.argmax(dim=-1)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-        return tokens, logprobs
-    scaled = logits / params.temperature
-    keep = kept_tokens(scaled, params.top_p, params.top_k) if truncates(params.top_p, params.top_k) else None
-    logp = truncated_logprobs(scaled, keep)  # [B, V], -inf outside the kept tokens
-    cdf = prefix_sums(logp.exp())  # flat over cut tokens, so a draw never lands on one
-    total = cdf[:, -1]
-    draw = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))  # < total, rounding too
-    tokens = torch.searchsorted(cdf, draw[:, None], right=True)[:, 0]
-    return tokens, logp.gather(1, tokens[:, None])[:, 0]
-
-
-def row_seed(seed: int, prompt_index: int, sample_index: int) -> int:
-    """Seed of the generator of sample ``sample_index`` of prompt ``prompt_index`` in a call seeded ``seed``."""
-    return int(np.random.SeedSequence([seed, prompt_index, sample_index]).generate_state(1)[0])
-
 
 MIN_PREFIX_TOKENS = 16
 """Shortest common prefix the prefix cache reuses: below it the saved positions are worth less
@@ -313,25 +284,6 @@ class PrefixCache:
             self._entries[tuple(ids.tolist())] = _Entry(ids, keys, values, routes)
             self.tokens += len(ids)
         return True
-
-
-class _Row:
-    """Decoding state of one (prompt, sample) pair."""
-
-    __slots__ = ("slot", "prompt_index", "sample_index", "tokens", "logprobs", "versions", "routes",
-                 "prompt_routes", "finish", "position")
-
-    def __init__(self, slot: int, prompt_index: int, sample_index: int, position: int):
-        self.slot = slot  # row of the chunk's uniform-number table
-        self.prompt_index = prompt_index
-        self.sample_index = sample_index
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []  # policy version that sampled each token
-        self.routes: list[np.ndarray] = []
-        self.prompt_routes: np.ndarray | None = None  # [len(prompt), layers, k], from the prefill
-        self.finish: str | None = None
-        self.position = position  # position id of the next token to feed
 
 
 class LocalEngine:
@@ -500,7 +452,7 @@ class LocalEngine:
             return speculative_chunk(self, prompts, indices, params, n, seed, row_seeds)
         lengths, input_ids, mask, position_ids = self._left_padded(prompts, indices)
         width = input_ids.shape[1]
-        rows = [_Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
+        rows = [Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
         self._apply_staged()
         first_version = version = self.policy_version  # version: of the weights the next logits come from
         if params.max_new_tokens == 0:
@@ -599,7 +551,7 @@ class LocalEngine:
         return lengths, input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
     def _store_rows(
-        self, decoder: InvariantDecoder, rows: list[tuple[int, _Row]], prompts: list[list[int]], epoch: int
+        self, decoder: InvariantDecoder, rows: list[tuple[int, Row]], prompts: list[list[int]], epoch: int
     ) -> None:
         """Put each ``(cache row, row)`` into the prefix cache: the positions it has fed, which
         are its prompt and the sampled tokens fed back (a finished row that rode along was fed
@@ -638,7 +590,7 @@ class LocalEngine:
         return [r.cpu().numpy().astype(self.route_dtype) for r in routes]
 
     def _finish_reason(
-        self, row: _Row, token: int, params: SamplingParams, stop_ids: set[int], stop_window: int,
+        self, row: Row, token: int, params: SamplingParams, stop_ids: set[int], stop_window: int,
         position: int | None = None,
     ) -> str | None:
         """Why the row stops after ``token`` (appended already), at sequence position ``position``
@@ -654,7 +606,7 @@ class LocalEngine:
             return "length"
         return None
 
-    def _completion(self, row: _Row, version: int) -> Completion:
+    def _completion(self, row: Row, version: int) -> Completion:
         """``version``: that of the first token (of the prefill's weights)."""
         routes = None
         if self.is_moe:

@@ -44,7 +44,7 @@ kept (slower, never wrong); distil them again in a ``["mtp"]`` phase on the new 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -58,18 +58,17 @@ from opencomposer.inference.invariant import (
     pad_rows,
     tiled_linear,
 )
+from opencomposer.inference.rows import Row, row_seed, sample_tokens
 from opencomposer.inference.sampling import kept_tokens, prefix_sums, truncated_logprobs, truncates
 from opencomposer.model.mtp import apply_rope, mtp_layers, rope, rope_base
 from opencomposer.model.routing import RouteRecorder
 from opencomposer.numerics.convert import is_converted
 from opencomposer.types import Completion, SamplingParams
 
-if TYPE_CHECKING:
-    from opencomposer.inference.local import LocalEngine
 
-
-def speculative_support(engine: LocalEngine) -> str | None:
-    """Why ``engine`` cannot decode with MTP drafts, or None when it can."""
+def speculative_support(engine: Any) -> str | None:
+    """Why ``engine`` cannot decode with MTP drafts, or None when it can. ``engine``, here and below,
+    is the calling ``inference.local.LocalEngine``, typed ``Any``: that module imports this one."""
     if not mtp_layers(engine.model):
         return ("the model has no MTP layers (set model.num_mtp_layers and train them with the 'mtp' loss of "
                 "[[pretrain.phases]])")
@@ -196,15 +195,13 @@ class MTPDrafter:
 
 
 @torch.inference_mode()
-def speculative_chunk(engine: LocalEngine, prompts: list[list[int]], indices: list[int], params: SamplingParams,
+def speculative_chunk(engine: Any, prompts: list[list[int]], indices: list[int], params: SamplingParams,
                       n: int, seed: int, row_seeds: Any = None) -> list[Completion]:
     """``LocalEngine._generate_chunk`` with MTP drafts (module doc); same inputs and outputs."""
-    from opencomposer.inference.local import _Row, row_seed, sample_tokens
-
     dev = engine.device
     lengths, input_ids, mask, position_ids = engine._left_padded(prompts, indices)
     width = input_ids.shape[1]
-    rows = [_Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
+    rows = [Row(r * n + j, i, j, lengths[r]) for r, i in enumerate(indices) for j in range(n)]
     engine._apply_staged()
     first_version = version = engine.policy_version
     if params.max_new_tokens == 0:
@@ -315,7 +312,7 @@ def speculative_chunk(engine: LocalEngine, prompts: list[list[int]], indices: li
     return [engine._completion(row, first_version) for row in rows]
 
 
-def _emit(engine: LocalEngine, row: Any, token: int, logprob: float, version: int, params: SamplingParams,
+def _emit(engine: Any, row: Any, token: int, logprob: float, version: int, params: SamplingParams,
           stop_ids: set[int], stop_window: int, index: int) -> None:
     """Append a sampled token at sequence position ``index`` and settle whether the row finished."""
     row.tokens.append(token)
