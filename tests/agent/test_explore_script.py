@@ -103,7 +103,9 @@ def test_bug_styles_and_max_turns_shape_the_generated_pool(tmp_path):
 def test_the_exploring_oracle_resolves_generated_bug_tasks(tmp_path):
     config = TasksConfig(multi_bug_fraction=0.0, bug_styles=["function"], max_turns=8)
     results = generate(TaskFactory("bugs", seed=1, split="heldout", config=config), 2, tmp_path / "pool")
-    for task in [r.task for r in results if r.task is not None]:
+    tasks = [r.task for r in results if r.task is not None]
+    assert len(tasks) == 2  # the generator verified both: the loop below runs on each
+    for task in tasks:
         episode = run_episode(task, ScriptedPolicy(explore_script), Config())
         assert episode.status == EpisodeStatus.OK, episode.error
         assert episode.grade.resolved, task.id

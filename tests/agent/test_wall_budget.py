@@ -1,21 +1,33 @@
 """The wall-time budget counts the policy's own time: waits for other episodes' batches and for
-sandbox command slots are load, not a slow policy, and never turn into a scored timeout."""
+sandbox command slots are load, not a slow policy, and never turn into a scored timeout.
+
+The checks are driven by events, not by how long the machine takes: the clock of the loop, the
+sandbox and the batcher is real time plus jumps the test makes (``Clock``). A policy "computes"
+or "waits in a queue" by jumping the clock, and a slot or a batch is held until the episode is
+seen waiting for it, then the clock jumps an hour before it is let go. The budget (``BUDGET``)
+sits far below an hour and far above what the real work takes, however loaded the machine, so
+only the rule under test decides the outcome.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
+import types
 
 import pytest
 
+from opencomposer.agent import loop as agent_loop
 from opencomposer.agent.loop import AgentLoop
 from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.policies.scripted import ScriptedPolicy, call, render_turn
 from opencomposer.agent.protocol import encode
 from opencomposer.config import SamplingConfig, SandboxConfig
+from opencomposer.inference import batching
 from opencomposer.inference.batching import BatchingEngine
 from opencomposer.model.tokenizer import IM_END
+from opencomposer.sandbox import workspace
 from opencomposer.sandbox.jail import command_slots
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import load_task
@@ -25,73 +37,116 @@ from .conftest import FIXTURES
 
 pytestmark = pytest.mark.bwrap
 
+HOUR = 3600.0
+BUDGET = 600.0  # seconds of the policy's own time an episode may use
 LOOK = [call("list_dir", path=".")]
 SCRIPT = [LOOK, LOOK, [call("finish", message="done")]]
 
 
-def run(policy, max_wall_s: float, sandbox_config: SandboxConfig | None = None):
+class Clock:
+    """``time.monotonic`` moved forward by ``jump``: real time plus the jumps so far."""
+
+    def __init__(self) -> None:
+        self.jumped = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.jumped
+
+    def jump(self, seconds: float) -> None:
+        self.jumped += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The clock the agent loop, the sandbox and the batcher read."""
+    clock = Clock()
+    for module in (agent_loop, workspace, batching):
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    return clock
+
+
+def run(policy, sandbox_config: SandboxConfig | None = None):
     task = load_task(FIXTURES / "fix-add")
-    task.budgets.max_wall_s = max_wall_s
+    task.budgets.max_wall_s = BUDGET
     with Sandbox(task.repo, sandbox_config) as sandbox:
         return AgentLoop(policy, task, sandbox).run(), sandbox
 
 
 class SlowPolicy(ScriptedPolicy):
-    """Takes ``delay`` seconds per turn, reported as waiting in a queue or not."""
+    """Takes ``seconds`` per turn (a jump of the clock), reported as waiting in a queue or not."""
 
-    def __init__(self, script, delay: float, queued: bool):
+    def __init__(self, script, clock: Clock, seconds: float, queued: bool):
         super().__init__(script)
-        self.delay, self.queued = delay, queued
+        self.clock, self.seconds, self.queued = clock, seconds, queued
 
     def act(self, context) -> PolicyOutput:
-        time.sleep(self.delay)
-        return dataclasses.replace(super().act(context), wait_s=self.delay if self.queued else 0.0)
+        self.clock.jump(self.seconds)
+        return dataclasses.replace(super().act(context), wait_s=self.seconds if self.queued else 0.0)
 
 
-def test_time_a_policy_reports_as_queued_does_not_count():
-    episode, _ = run(SlowPolicy(SCRIPT, delay=0.3, queued=True), max_wall_s=0.5)
-    assert episode.status == EpisodeStatus.OK, episode.error  # 0.9 s of wall time, nearly all queued
-    assert episode.metrics["waited_s"] >= 0.85 and episode.metrics["policy_s"] < 0.5 <= episode.metrics["wall_s"]
+def test_time_a_policy_reports_as_queued_does_not_count(clock):
+    episode, _ = run(SlowPolicy(SCRIPT, clock, HOUR, queued=True))
+    assert episode.status == EpisodeStatus.OK, episode.error  # three hours of wall time, all queued
+    assert episode.metrics["waited_s"] == pytest.approx(3 * HOUR)
+    assert episode.metrics["policy_s"] < BUDGET < 3 * HOUR <= episode.metrics["wall_s"]
 
 
-def test_a_policy_that_computes_too_long_times_out():
-    episode, _ = run(SlowPolicy(SCRIPT, delay=0.3, queued=False), max_wall_s=0.5)
+def test_a_policy_that_computes_too_long_times_out(clock):
+    episode, _ = run(SlowPolicy(SCRIPT, clock, 0.6 * BUDGET, queued=False))
     assert episode.status == EpisodeStatus.TIMEOUT and episode.scored
-    assert "wall-time budget used up" in episode.error and len(episode.turns) == 2
+    assert "wall-time budget used up" in episode.error and len(episode.turns) == 2  # 0.6, then 1.2 budgets
 
 
-def test_waiting_for_a_sandbox_slot_does_not_count():
-    slots, taken, release = command_slots(1), threading.Event(), threading.Event()
+class WatchedSlots:
+    """The sandbox's command slots, setting ``asked`` each time a command asks for one."""
 
-    def hold_the_only_slot():
-        with slots:
+    def __init__(self, slots: threading.BoundedSemaphore):
+        self.slots, self.asked = slots, threading.Event()
+
+    def __enter__(self):
+        self.asked.set()
+        return self.slots.__enter__()
+
+    def __exit__(self, *exc):
+        return self.slots.__exit__(*exc)
+
+
+def test_waiting_for_a_sandbox_slot_does_not_count(clock, monkeypatch):
+    watched = WatchedSlots(command_slots(1))
+    monkeypatch.setattr(workspace, "command_slots", lambda limit: watched)
+    taken = threading.Event()
+
+    def hold_the_only_slot_until_asked():  # another episode's command, running for an hour
+        with watched.slots:
             taken.set()
-            release.wait(5)
+            watched.asked.wait(60)
+            clock.jump(HOUR)
 
-    holder = threading.Thread(target=hold_the_only_slot)
+    holder = threading.Thread(target=hold_the_only_slot_until_asked)
     holder.start()
-    taken.wait(5)
-    threading.Timer(0.8, release.set).start()  # another episode's command holds the slot for 0.8 s
+    taken.wait(60)
     try:
         script = [[call("run", command="true")], [call("run", command="true")], [call("finish", message="ok")]]
-        episode, sandbox = run(ScriptedPolicy(script), max_wall_s=0.5, sandbox_config=SandboxConfig(max_concurrent=1))
+        episode, sandbox = run(ScriptedPolicy(script), sandbox_config=SandboxConfig(max_concurrent=1))
     finally:
-        release.set()
+        watched.asked.set()
         holder.join()
     assert episode.status == EpisodeStatus.OK, episode.error
-    assert sandbox.slot_wait_s >= 0.6 and episode.metrics["waited_s"] >= 0.6
+    assert sandbox.slot_wait_s >= HOUR and episode.metrics["waited_s"] >= HOUR
+    assert episode.metrics["policy_s"] < BUDGET
 
 
 class TurnEngine:
-    """An engine that answers the n-th call with the n-th turn of a script, after ``compute_s``."""
+    """An engine that answers the n-th call with the n-th turn of a script, after ``compute``
+    (a jump of the clock, or nothing)."""
 
     policy_version = 0
 
-    def __init__(self, tokenizer, script, compute_s: float = 0.0):
-        self.tokenizer, self.script, self.compute_s, self.calls = tokenizer, script, compute_s, 0
+    def __init__(self, tokenizer, script, compute=lambda: None):
+        self.tokenizer, self.script, self.compute, self.calls = tokenizer, script, compute, 0
 
     def generate(self, prompts, params, n=1, row_seeds=None):
-        time.sleep(self.compute_s)
+        self.compute()
         text = render_turn(self.script[min(self.calls, len(self.script) - 1)])
         self.calls += 1
         ids = encode(self.tokenizer, text) + [self.tokenizer.convert_tokens_to_ids(IM_END)]
@@ -102,20 +157,36 @@ class TurnEngine:
         self.policy_version = version
 
 
-def test_turns_held_up_by_another_episodes_batch_do_not_count(tokenizer):
-    # another episode's session is open but busy elsewhere: each turn waits max_wait_s for it
-    batcher = BatchingEngine(TurnEngine(tokenizer, SCRIPT), max_wait_s=0.4)
-    busy_elsewhere = batcher.session()
-    policy = EnginePolicy(batcher.session(), tokenizer, SamplingConfig(max_new_tokens=200))
-    episode, _ = run(policy, max_wall_s=0.3)
-    busy_elsewhere.close()
+def test_turns_held_up_by_another_episodes_batch_do_not_count(tokenizer, clock):
+    # another episode's session is open, and joins each batch an hour after this episode's turn
+    # is queued (the batcher's queue is read to see it), with the same sampling settings: one
+    # engine call per batch, one turn of the script
+    batcher = BatchingEngine(TurnEngine(tokenizer, SCRIPT), max_wait_s=10 * HOUR)
+    elsewhere, done = batcher.session(), threading.Event()
+
+    def join_each_batch_an_hour_late():
+        for _ in SCRIPT:
+            while not batcher._pending:
+                if done.wait(0.01):
+                    return
+            clock.jump(HOUR)
+            elsewhere.generate([[1]], batcher._pending[0].params)
+
+    other = threading.Thread(target=join_each_batch_an_hour_late)
+    other.start()
+    try:
+        episode, _ = run(EnginePolicy(batcher.session(), tokenizer, SamplingConfig(max_new_tokens=200)))
+    finally:
+        done.set()
+        other.join()
+        elsewhere.close()
     assert episode.status == EpisodeStatus.OK, episode.error
-    assert episode.metrics["waited_s"] >= 1.1 and episode.metrics["policy_s"] < 0.3
+    assert episode.metrics["waited_s"] >= 3 * HOUR and episode.metrics["policy_s"] < BUDGET
 
 
-def test_turns_of_an_engine_that_computes_too_long_count(tokenizer):
-    batcher = BatchingEngine(TurnEngine(tokenizer, SCRIPT, compute_s=0.4), max_wait_s=0.4)
+def test_turns_of_an_engine_that_computes_too_long_count(tokenizer, clock):
+    batcher = BatchingEngine(TurnEngine(tokenizer, SCRIPT, compute=lambda: clock.jump(HOUR)), max_wait_s=HOUR)
     policy = EnginePolicy(batcher.session(), tokenizer, SamplingConfig(max_new_tokens=200))
-    episode, _ = run(policy, max_wall_s=0.3)
+    episode, _ = run(policy)
     assert episode.status == EpisodeStatus.TIMEOUT and "wall-time budget used up" in episode.error
-    assert episode.metrics["waited_s"] < 0.1  # alone in the batcher: its call's time is its own
+    assert episode.metrics["waited_s"] < BUDGET  # alone in the batcher: its call's hour is its own

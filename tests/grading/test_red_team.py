@@ -7,7 +7,9 @@ so an honest grader gives them nothing; every one must come out unresolved, and 
 interfere with the run must come out ``tampered``, with the reason the grader logged naming the
 defence that caught it (docs/harness.md, "Grading integrity"). The canonical solutions of the same
 tasks still resolve, untampered. The last test switches the defences off and checks that the
-hacks which would work do resolve their task then.
+hacks which would work do resolve their task then. A hack no grader of this design could fall for
+(a report file, which it never reads; a skipped test, which is never a pass) tests no defence and
+is not kept.
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     report.outcome = "passed"
     report.longrepr = None
+'''
+
+REPORTS_ALWAYS_PASSED = '''import _pytest.reports
+
+_original = _pytest.reports.TestReport.from_item_and_call.__func__
+
+
+def _always_passed(cls, item, call):
+    report = _original(cls, item, call)
+    report.outcome = "passed"
+    report.longrepr = None
+    return report
+
+
+_pytest.reports.TestReport.from_item_and_call = classmethod(_always_passed)
 '''
 
 
@@ -130,9 +147,13 @@ def test_conftest_hook_that_marks_every_test_passed(humaneval: Task, caplog):
     assert_scores_nothing(reward, caplog)
 
 
-def test_tests_package_init_that_changes_collection(humaneval: Task, caplog):
-    init = "import _pytest.runner\n\n_pytest.runner.pytest_runtest_makereport = lambda item, call: None\n"
-    reward = graded(humaneval, file_diff("tests/__init__.py", None, init))
+def init_of_the_tests_package_that_patches_pytest_report_internals(task: Task) -> str:
+    """``tests/__init__.py`` runs when pytest imports the hidden test module as ``tests.test_solution``."""
+    return file_diff("tests/__init__.py", None, REPORTS_ALWAYS_PASSED)
+
+
+def test_tests_package_init_that_patches_pytest_report_internals(humaneval: Task, caplog):
+    reward = graded(humaneval, init_of_the_tests_package_that_patches_pytest_report_internals(humaneval))
     assert_scores_nothing(reward, caplog)
 
 
@@ -248,44 +269,12 @@ atexit.register(_rewrite_the_report)
     assert_scores_nothing(reward, caplog, "the command exited 0, but pytest finished with 1")
 
 
-def test_fake_report_files_written_at_import(humaneval: Task, caplog):
-    fake = '''import os
-
-os.makedirs(".opencomposer", exist_ok=True)
-for _name in (".opencomposer/junit-00000000.xml", "report.xml", "results.json"):
-    with open(_name, "w") as _report:
-        _report.write('<testsuite tests="1"><testcase classname="tests.test_solution" name="test_check"/></testsuite>')
-'''
-    reward = graded(humaneval, with_solution(humaneval, before=fake))
-    assert_scores_nothing(reward, caplog)  # nobody reads those files
-
-
-def test_module_level_pytest_skip_in_the_solution(humaneval: Task, caplog):
-    skip = 'import pytest\n\npytest.skip("nothing to see", allow_module_level=True)\n'
-    reward = graded(humaneval, with_solution(humaneval, before=skip))
-    assert_scores_nothing(reward, caplog)
-
-
 # ----------------------------------------------------------------------------------------------
 # Monkeypatching the test machinery from the code under test: the plugin's integrity checks
 
 
 def solution_that_patches_pytest_report_internals(task: Task) -> str:
-    patch = '''import _pytest.reports
-
-_original = _pytest.reports.TestReport.from_item_and_call.__func__
-
-
-def _always_passed(cls, item, call):
-    report = _original(cls, item, call)
-    report.outcome = "passed"
-    report.longrepr = None
-    return report
-
-
-_pytest.reports.TestReport.from_item_and_call = classmethod(_always_passed)
-'''
-    return with_solution(task, before=patch)
+    return with_solution(task, before=REPORTS_ALWAYS_PASSED)
 
 
 def test_solution_that_patches_pytest_report_internals(humaneval: Task, caplog):
@@ -425,6 +414,7 @@ def test_import_side_effect_that_rewrites_the_hidden_tests(textkit: Task, caplog
 
 WORKING_HACKS = [
     (conftest_hook_that_marks_every_test_passed, "humaneval"),
+    (init_of_the_tests_package_that_patches_pytest_report_internals, "humaneval"),
     (pyproject_addopts_that_loads_a_plugin_marking_every_test_passed, "textkit"),
     (sys_modules_entry_that_shadows_a_test_module, "textkit"),
     (solution_that_patches_pytest_report_internals, "humaneval"),
@@ -438,14 +428,16 @@ WORKING_HACKS = [
 
 def test_the_hacks_resolve_their_task_when_the_defences_are_off(humaneval: Task, textkit: Task,
                                                                monkeypatch: pytest.MonkeyPatch):
-    """Without ``secure_workspace`` and with every file trusted (no read-only mounts, no hidden
-    sources, no integrity findings), these hacks resolve a task they did not solve: the tests above
-    fail if a defence is taken out, not only if the hack is broken."""
+    """Without putting the protected paths back, without ``secure_workspace`` and with every file
+    trusted (no read-only mounts, no hidden sources, no integrity findings), these hacks resolve a
+    task they did not solve: the tests above fail if a defence is taken out, not only if the hack
+    is broken."""
     from opencomposer.grading import grade as grading
 
     def run_unprotected(*args, protected=None, hidden=(), **kwargs):
         return run_tests(*args, **kwargs)
 
+    monkeypatch.setattr(grading, "_restore_protected", lambda task, workspace: None)
     monkeypatch.setattr(grading, "secure_workspace", lambda *args: Secured())
     monkeypatch.setattr(grading, "run_tests", run_unprotected)
     tasks = {"humaneval": humaneval, "textkit": textkit}
