@@ -32,6 +32,7 @@ What is measured per episode (the facts are the K key words, one per note):
 
     .venv/bin/python benchmarks/context_policies.py [--model smollm2 --tasks 4 --threads 2]
     .venv/bin/python benchmarks/context_policies.py --model runs/tiny-long --agent model --samples 4
+    .venv/bin/python benchmarks/context_policies.py --quick   # one task, the random tiny MoE summarising
 
 Results: ``benchmarks/results/context_policies.json`` and ``.png``.
 """
@@ -48,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _quick import parse_args
 
 from opencomposer.agent.policies.local import EnginePolicy
 from opencomposer.agent.policies.scripted import ScriptedPolicy, oracle_script
@@ -65,8 +67,8 @@ from opencomposer.tasks.generators.long import (
 from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
 from opencomposer.types import Context, Episode, PolicyOutput
 
-RESULTS = Path(__file__).parent / "results" / "context_policies.json"
 POLICIES = ("off", "truncate", "compaction", "self_summary")
+QUICK = {"model": "tiny_moe", "tasks": 1, "summary_tokens": 16, "compaction_tokens": 16}
 
 
 class ModelSummaries:
@@ -133,8 +135,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1, help="episodes per task and policy with --agent model")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the model's turns")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="results JSON; the plot goes beside it "
+                                                 "(default: benchmarks/results/context_policies.json)")
+    args = parse_args(parser, QUICK)
+    if args.out is None or args.quick:
+        args.out = args.results_dir / "context_policies.json"
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, seed=0)
@@ -186,7 +191,15 @@ def main() -> None:
                                     "prompt_tokens": prompt, "read_tokens": read, "table": table, "rows": rows},
                                    indent=1) + "\n")
     plot(table, args.out.with_suffix(".png"), args.agent)
-    print(json.dumps(table, indent=1))
+    print_table(table)
+    print(f"wrote {args.out} and its plot")
+
+
+def print_table(table: list[dict[str, Any]]) -> None:
+    names = ("episodes", "resolved", "answerable", "retention", "spurious", "plan", "summary_tokens", "model_tokens")
+    print(f"\n{'trigger':<8} {'policy':<13} " + " ".join(f"{name:>14}" for name in names))
+    for entry in table:
+        print(f"{entry['trigger']:<8} {entry['policy']:<13} " + " ".join(f"{entry[name]:>14.2f}" for name in names))
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
