@@ -14,6 +14,8 @@ The hooks rewrite the report where the test or file runs, so the rule holds unde
 from __future__ import annotations
 
 import os
+import time
+import types
 from typing import NoReturn
 
 import pytest
@@ -87,6 +89,31 @@ def _torch_threads_restored():
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
+
+
+class Clock:
+    """``time.monotonic`` that a test moves forward: real time plus the jumps so far. A test that
+    checks a time limit jumps it when the event it waits for has happened, instead of sleeping
+    and hoping the machine is quick enough; ``drive`` makes it the clock of modules that read
+    ``time.monotonic`` (and nothing else of ``time``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch, self.jumped = monkeypatch, 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.jumped
+
+    def jump(self, seconds: float) -> None:
+        self.jumped += seconds
+
+    def drive(self, *modules: types.ModuleType) -> None:
+        for module in modules:
+            self.monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=self.monotonic))
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    return Clock(monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 sandbox command slots are load, not a slow policy, and never turn into a scored timeout.
 
 The checks are driven by events, not by how long the machine takes: the clock of the loop, the
-sandbox and the batcher is real time plus jumps the test makes (``Clock``). A policy "computes"
+sandbox and the batcher is real time plus jumps the test makes (``tests.conftest.Clock``). A policy "computes"
 or "waits in a queue" by jumping the clock, and a slot or a batch is held until the episode is
 seen waiting for it, then the clock jumps an hour before it is let go. The budget (``BUDGET``)
 sits far below an hour and far above what the real work takes, however loaded the machine, so
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
-import types
 
 import pytest
 
@@ -32,6 +30,7 @@ from opencomposer.sandbox.jail import command_slots
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import load_task
 from opencomposer.types import Completion, EpisodeStatus, PolicyOutput
+from tests.conftest import Clock
 
 from .conftest import FIXTURES
 
@@ -43,25 +42,10 @@ LOOK = [call("list_dir", path=".")]
 SCRIPT = [LOOK, LOOK, [call("finish", message="done")]]
 
 
-class Clock:
-    """``time.monotonic`` moved forward by ``jump``: real time plus the jumps so far."""
-
-    def __init__(self) -> None:
-        self.jumped = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.jumped
-
-    def jump(self, seconds: float) -> None:
-        self.jumped += seconds
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+def clock(clock: Clock) -> Clock:
     """The clock the agent loop, the sandbox and the batcher read."""
-    clock = Clock()
-    for module in (agent_loop, workspace, batching):
-        monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    clock.drive(agent_loop, workspace, batching)
     return clock
 
 

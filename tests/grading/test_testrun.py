@@ -4,6 +4,7 @@ stream, and grading and generators agreeing with it."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from opencomposer.config import GradingConfig, TasksConfig
 from opencomposer.grading.grade import grade
 from opencomposer.grading.testrun import read_records, run_tests
+from opencomposer.sandbox import workspace
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.format import write_task
 from opencomposer.tasks.generators.common import Lab
@@ -44,6 +46,7 @@ def test_skip():
 
 
 def test_hang():
+    open("hang-started", "w").close()  # the limit test waits for this before it lets time run out
     time.sleep(60)
 
 
@@ -52,6 +55,7 @@ class TestCases:
     def test_param(self, x):
         assert x == 1
 """
+HOUR = 3600.0
 TREE = {"tests/test_mixed.py": MIXED.encode(), "pyproject.toml": b"[tool.pytest.ini_options]\ntestpaths = ['tests']\n"}
 EXPECTED = {
     "tests/test_mixed.py::test_pass": "passed",
@@ -83,9 +87,24 @@ def test_outcome_of_every_test_by_node_id(tmp_path: Path):
 
 
 @pytest.mark.bwrap
-def test_a_command_past_its_limit_keeps_the_outcomes_that_arrived(tmp_path: Path):
+def test_a_command_past_its_limit_keeps_the_outcomes_that_arrived(tmp_path: Path, clock):
+    """The hour-long limit runs out when ``test_hang`` has started: the sandbox's clock jumps."""
+    clock.drive(workspace)
+
+    def jump_once_test_hang_started(marker: Path) -> None:
+        while not marker.exists() and not stopped.wait(0.05):
+            pass
+        clock.jump(HOUR)
+
+    stopped = threading.Event()
     with Sandbox(write(tmp_path / "repo", TREE)) as sandbox:
-        run = run_tests(sandbox, "python -m pytest -q", timeout_s=4, per_test_timeout_s=60)
+        watcher = threading.Thread(target=jump_once_test_hang_started, args=(sandbox.workspace / "hang-started",))
+        watcher.start()
+        try:
+            run = run_tests(sandbox, "python -m pytest -q", timeout_s=HOUR, per_test_timeout_s=2 * HOUR)
+        finally:
+            stopped.set()
+            watcher.join()
     assert run.timed_out and run.exit_code != 0 and run.collected == 7
     finished = {node: EXPECTED[node] for node in list(EXPECTED)[:4]}  # streamed before test_hang
     assert run.outcomes == finished and run.tampering == []  # the harness stopped it: no tampering
