@@ -15,7 +15,7 @@ def test_help_does_not_import_torch():
         "import sys\n"
         "from opencomposer import cli\n"
         "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "for name in ('quickstart', 'pretrain', 'models', 'eval', 'tasks', 'sft', 'rl', 'report', 'serve', 'config'):\n"
+        "for name in ('quickstart', 'pretrain', 'models', 'eval', 'tasks', 'sft', 'rl', 'report', 'serve', 'basecheck', 'config'):\n"
         "    try:\n        cli.main([name, '--help'])\n    except SystemExit:\n        pass\n"
         "print('TORCH' if 'torch' in sys.modules else 'NO_TORCH')\n"
     )

@@ -26,7 +26,8 @@ GOLDEN = Path(__file__).resolve().parent / "data" / "cli_surface.json"
 REGENERATE = "OPENCOMPOSER_REGENERATE_CLI_SURFACE"
 
 
-ACTION_KINDS = {"_StoreTrueAction": "store_true", "_AppendAction": "append", "_RecipeFlag": "set"}
+ACTION_KINDS = {"_StoreTrueAction": "store_true", "_AppendAction": "append", "_RecipeFlag": "set",
+                "_RecipeListFlag": "set-append"}
 
 
 def argument_surface(action: argparse.Action) -> dict:

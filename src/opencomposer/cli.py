@@ -4,19 +4,52 @@ Every subcommand is declared here (arguments only) and dispatched to a handler n
 import path, imported on use: ``opencomposer --help`` answers without importing torch. A run is a
 recipe plus dotted overrides (``--recipe recipes/quickstart.toml --set model.num_experts=8``); the
 CLI does not grow a flag per feature. The few flags that name a recipe field (``eval --workers``) are
-shorthands for ``--set`` declared through ``_add_recipe_flag``, so a handler reads only the recipe.
-``tests/test_cli_surface.py`` freezes the tree of commands and flags.
+shorthands for ``--set`` declared through ``_add_recipe_flag``, so a handler reads only the recipe;
+a command with a config section of its own (``basecheck``) has a flag per field of it.
+
+Bad input is one line on stderr and exit 2, before any work starts: each command declares which of
+its arguments and recipe keys name paths it reads or writes (``config.paths``), and ``main`` checks
+them before calling the handler; the project's bad-input errors a handler raises are reported the
+same way. ``tests/test_cli_surface.py`` freezes the tree of commands and flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
+import typing
+
+from opencomposer.config.basecheck import BasecheckConfig
+from opencomposer.config.paths import MODEL_PATHS, PathRole
+
+BAD_INPUT_ERRORS = (
+    "opencomposer.bench.basecheck.common:BasecheckError",
+    "opencomposer.sandbox.venv:EnvironmentSpecError",
+    "opencomposer.tasks.format:TaskFormatError",
+    "opencomposer.tasks.generators.source:SourceError",
+    "opencomposer.tasks.mining:MiningError",
+)
+"""The project's errors that mean bad input (a missing or malformed suite, repository, package),
+reported as one line and exit 2 like a ``ConfigError``; by import path, so that --help imports none."""
+
+RUN_DIR: dict[str, PathRole] = {"run.out_dir": "output_dir"}
 
 
-def _add_recipe_args(p: argparse.ArgumentParser, packaged_default: str | None = None) -> None:
+def _paths(p: argparse.ArgumentParser, **roles: PathRole) -> None:
+    """Declare which arguments of ``p`` (by dest) name paths, and what the command does with them;
+    each is named in messages as the user wrote it: its flag, or its metavar for a positional."""
+    names = {action.dest: action.option_strings[0] if action.option_strings else action.metavar or action.dest.upper()
+             for action in p._actions}
+    p.set_defaults(path_args={dest: (names[dest], role) for dest, role in roles.items()})
+
+
+def _add_recipe_args(p: argparse.ArgumentParser, packaged_default: str | None = None,
+                     paths: dict[str, PathRole] | None = None) -> None:
+    """``--recipe`` and ``--set``; ``paths`` are the recipe keys naming paths the command reads or writes."""
+    p.set_defaults(packaged_recipe=packaged_default, recipe_paths=paths or {})
     p.add_argument(
         "--recipe",
         help="TOML recipe (see recipes/)"
@@ -41,16 +74,54 @@ class _RecipeFlag(argparse.Action):
         super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, value, option_string=None) -> None:
-        literal = json.dumps(value) if isinstance(value, str) else str(value)  # a TOML string or number
+        self.set(namespace, json.dumps(value) if isinstance(value, str) else str(value))  # a TOML string or number
+
+    def set(self, namespace: argparse.Namespace, literal: str) -> None:
         namespace.overrides = [*getattr(namespace, "overrides", []), f"{self.recipe_key}={literal}"]
 
 
+class _RecipeListFlag(_RecipeFlag):
+    """A repeatable flag that is shorthand for a list value: each use adds an item, and the items so
+    far become ``--set KEY=[...]``, so that together the flags replace the recipe's list. The items
+    are kept under the recipe key, a name no handler reads as an attribute."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        items = [*getattr(namespace, self.recipe_key, []), value]
+        setattr(namespace, self.recipe_key, items)
+        self.set(namespace, json.dumps(items))
+
+
 def _add_recipe_flag(
-    p: argparse.ArgumentParser, flag: str, recipe_key: str, help: str, type: type = str, metavar: str = "N"
+    p: argparse.ArgumentParser, flag: str, recipe_key: str, help: str, type: type = str, metavar: str | None = "N",
+    choices: tuple | None = None, action: type[_RecipeFlag] = _RecipeFlag,
 ) -> None:
     """Declare ``flag VALUE`` as shorthand for ``--set recipe_key=VALUE`` (``p`` has the recipe arguments)."""
-    p.add_argument(flag, action=_RecipeFlag, recipe_key=recipe_key, type=type, metavar=metavar,
-                   help=f"{help}; same as --set {recipe_key}={metavar}")
+    value = metavar or "VALUE"
+    same = f"[{value}, ...]" if action is _RecipeListFlag else value
+    p.add_argument(flag, action=action, recipe_key=recipe_key, type=type, metavar=metavar, choices=choices,
+                   help=f"{help}; same as --set {recipe_key}={same}")
+
+
+def _add_section_flags(p: argparse.ArgumentParser, section: type) -> None:
+    """A flag per field of the config ``section`` (``p`` has the recipe arguments): ``--nll-bytes N``
+    is ``--set basecheck.nll_bytes=N``, and a list field is its singular, repeatable (``--nll-repo
+    NLL_REPO``). The help text is the field's docstring; default and choices are the dataclass's."""
+    from opencomposer.config.loader import toml_value
+    from opencomposer.config.section import field_docs, field_types
+
+    for field in dataclasses.fields(section):
+        tp, key = field_types(section)[field.name], section.key(field.name)
+        doc = field_docs(section)[field.name].replace("%", "%%")  # argparse formats help with %
+        if typing.get_origin(tp) is list:
+            flag = field.name.removesuffix("s").replace("_", "-")
+            _add_recipe_flag(p, f"--{flag}", key, f"{doc} Repeatable", type=typing.get_args(tp)[0],
+                             metavar=flag.replace("-", "_").upper(), action=_RecipeListFlag)
+            continue
+        help, flag = f"{doc} Default {toml_value(field.default)}", f"--{field.name.replace('_', '-')}"
+        if typing.get_origin(tp) is typing.Literal:
+            _add_recipe_flag(p, flag, key, help, metavar=None, choices=typing.get_args(tp))
+        else:
+            _add_recipe_flag(p, flag, key, help, type=tp)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,11 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("quickstart", help="the whole pipeline on a tiny MoE on CPU, in minutes")
-    _add_recipe_args(p, packaged_default="quickstart.toml")
+    _add_recipe_args(p, packaged_default="quickstart.toml", paths={**MODEL_PATHS, **RUN_DIR})
     p.set_defaults(handler="opencomposer.commands.quickstart:main")
 
     p = sub.add_parser("pretrain", help="continued pretraining on the code corpus")
-    _add_recipe_args(p)
+    _add_recipe_args(p, paths={**MODEL_PATHS, "sft.tasks": "input", **RUN_DIR})
     p.set_defaults(handler="opencomposer.commands.pretrain:main")
 
     p = sub.add_parser("models", help="fetch and inspect models")
@@ -76,11 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--force", action="store_true", help="rebuild the cache even if present")
     f.set_defaults(handler="opencomposer.commands.models:fetch_main")
     i = msub.add_parser("info", help="print a model's architecture and parameter counts")
-    _add_recipe_args(i)
+    _add_recipe_args(i, paths=MODEL_PATHS)
     i.set_defaults(handler="opencomposer.commands.models:info_main")
 
     p = sub.add_parser("eval", help="run a policy over a task suite and score it")
-    _add_recipe_args(p)
+    _add_recipe_args(p, paths={"eval.suite": "input", "eval.out_dir": "output_dir", **RUN_DIR})
     _add_recipe_flag(p, "--suite", "eval.suite", "folder of task folders (docs/task-format.md)",
                      metavar="DIR")
     _add_recipe_flag(p, "--policy", "eval.policy", "oracle | noop | local | local:CHECKPOINT | openai:MODEL",
@@ -101,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
     c = tsub.add_parser("check", help="validate every task folder of a suite")
     c.add_argument("suite", help="folder of task folders")
+    _paths(c, suite="input")
     c.set_defaults(handler="opencomposer.commands.tasks:check_main")
     t = tsub.add_parser("import", help="make task folders from HumanEval, SWE-bench or Harbor")
     _add_recipe_args(t)
@@ -116,12 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--find-links", action="append", default=[], metavar="DIR",
                    help="swebench, harbor: a folder of wheels the task environments install from (repeatable)")
     t.add_argument("--python", metavar="VERSION", help="swebench: the Python version of the task environments")
+    _paths(t, out="output_dir", repo="input", find_links="input")
     t.set_defaults(handler="opencomposer.commands.tasks:import_main")
     e = tsub.add_parser("export", help="write a suite as Harbor folders, or eval results as SWE-bench predictions")
     e.add_argument("format", choices=["harbor", "swebench"])
     e.add_argument("source", help="harbor: suite folder; swebench: an eval's results.jsonl")
     e.add_argument("--out", required=True, help="harbor: output folder; swebench: predictions .jsonl file")
     e.add_argument("--model-name", help="swebench: model_name_or_path (default: the policy name)")
+    _paths(e, source="input", out="output")
     e.set_defaults(handler="opencomposer.commands.tasks:export_main")
     g = tsub.add_parser("generate", help="generate verified tasks: bug injection, feature deletion, refactors")
     _add_recipe_args(g)
@@ -135,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--source", action="append", default=[], metavar="REPO_DIR",
                    help="generate from this Python repository with tests instead of the built-in projects")
     _add_recipe_flag(g, "--workers", "tasks.workers", "indices made in parallel", type=int)
+    _paths(g, out="output_dir", source="input")
     g.set_defaults(handler="opencomposer.commands.tasks:generate_main")
     m = tsub.add_parser("mine", help="make tasks from a git repository's commits that change code and tests")
     _add_recipe_args(m)
@@ -144,32 +219,38 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", type=int, help="only the newest N commits")
     m.add_argument("--test-command", default="python -m pytest -q", help="how the repository runs its tests")
     _add_recipe_flag(m, "--workers", "tasks.workers", "commits checked in parallel", type=int)
+    _paths(m, repo="input", out="output_dir")
     m.set_defaults(handler="opencomposer.commands.tasks:mine_main")
     s = tsub.add_parser("stats", help="lines changed, files touched, prompt length; table and PNG histogram")
     _add_recipe_args(s)
     s.add_argument("suite", help="folder of task folders")
     s.add_argument("--png", help="histogram path (default {run.out_dir}/{run.name}/stats/SUITE.png)")
+    _paths(s, suite="input", png="output_file")
     s.set_defaults(handler="opencomposer.commands.tasks:stats_main")
     v = tsub.add_parser("validate", help="re-grade gold and untouched states of every task; exit 1 on drift")
     _add_recipe_args(v)
     v.add_argument("suite", help="folder of task folders")
     _add_recipe_flag(v, "--workers", "tasks.workers", "tasks checked in parallel", type=int)
+    _paths(v, suite="input")
     v.set_defaults(handler="opencomposer.commands.tasks:validate_main")
     b = tsub.add_parser("build-env", help="build the [environment] of every task of a suite (or one task folder)")
     _add_recipe_args(b)
     b.add_argument("suite", metavar="DIR", help="a task folder or a folder of task folders")
+    _paths(b, suite="input")
     b.set_defaults(handler="opencomposer.commands.tasks:build_env_main")
 
     p = sub.add_parser("sft", help="supervised fine-tuning on oracle episodes (RL's starting point)")
-    _add_recipe_args(p)
+    _add_recipe_args(p, paths={"sft.init": "input", "sft.tasks": "input", "model.tokenizer_path": "input",
+                               "sft.out": "output_dir", **RUN_DIR})
     p.set_defaults(handler="opencomposer.commands.sft:main")
 
     p = sub.add_parser("rl", help="synchronous RL in the agent harness; resumes a run folder's newest checkpoint")
-    _add_recipe_args(p)
+    _add_recipe_args(p, paths={**MODEL_PATHS, "rl.train_tasks": "input", "rl.eval_suite": "input", **RUN_DIR})
     p.set_defaults(handler="opencomposer.commands.rl:main")
 
     p = sub.add_parser("report", help="draw an RL run's curves to PNG")
     p.add_argument("run", help="run folder ({run.out_dir}/{run.name})")
+    _paths(p, run="input")
     p.set_defaults(handler="opencomposer.commands.report:main")
 
     p = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible chat-completions API")
@@ -183,21 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", required=True, metavar="PATH",
                    help="tiny_moe (untrained) | tiny_deepseek_v3 | smollm2 | a checkpoint folder; repeat to compare")
     p.add_argument("--out", required=True, metavar="FILE", help="JSON file of the results")
-    p.add_argument("--window", type=int, default=0, help="tokens per NLL window (default 0: the model's context)")
-    p.add_argument("--nll-repo", action="append", default=[], metavar="DIR",
-                   help="repository to score (repeatable; default: the held-out projects ledger and scheduler)")
-    p.add_argument("--nll-bytes", type=int, default=0,
-                   help="score only the first N bytes of each repository (default 0: all of it)")
-    p.add_argument("--history-repo", action="append", default=[], metavar="DIR",
-                   help="git repository whose file histories join the generated ones (repeatable)")
-    p.add_argument("--histories", type=int, default=8, help="generated state-tracking histories (default 8)")
-    p.add_argument("--repo-histories", type=int, default=4, help="histories per --history-repo (default 4)")
-    p.add_argument("--questions", type=int, default=48, help="FreshBench-like questions (default 48)")
-    p.add_argument("--package", action="append", default=[], metavar="DIST",
-                   help="installed distribution to ask about (repeatable; default: opencomposer's dependencies)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated histories and questions")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the models run")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default 0: torch's default)")
+    _paths(p, out="output_file")
+    _add_recipe_args(p)
+    _add_section_flags(p, BasecheckConfig)
     p.set_defaults(handler="opencomposer.commands.basecheck:main")
 
     p = sub.add_parser("config", help="print the resolved recipe as TOML (checks it too)")
@@ -206,19 +275,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The command's words, ``"opencomposer tasks check"``, that start its error lines."""
+    action = getattr(args, f"{args.command}_command", None)
+    return " ".join(["opencomposer", args.command, *([action] if action else [])])
+
+
+def _check_paths(args: argparse.Namespace) -> str | None:
+    """The first declared path argument that fails its role, as an error line; then the recipe's
+    declared paths, which raise ConfigError."""
+    from opencomposer.config.paths import check_recipe_paths, path_problem
+
+    for dest, (name, role) in getattr(args, "path_args", {}).items():
+        values = getattr(args, dest)
+        for value in values if isinstance(values, list) else [values]:
+            problem = path_problem(value, role) if value else None
+            if problem:
+                return f"{_command(args)}: {name} {value}: {problem}"
+    if getattr(args, "recipe_paths", None):
+        from opencomposer.commands import load_recipe_or_packaged
+        from opencomposer.config import load_recipe
+
+        config = load_recipe_or_packaged(args.recipe, args.overrides, args.packaged_recipe) \
+            if args.packaged_recipe else load_recipe(args.recipe, args.overrides)
+        check_recipe_paths(config, args.recipe_paths)
+    return None
+
+
+def _bad_input_errors() -> tuple[type[Exception], ...]:
+    """The classes of ``BAD_INPUT_ERRORS`` whose modules are loaded (one that is not raised nothing)."""
+    loaded = [path.split(":") for path in BAD_INPUT_ERRORS]
+    return tuple(getattr(sys.modules[module], name) for module, name in loaded if module in sys.modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0
-    module_name, func_name = args.handler.split(":")
-    handler = getattr(importlib.import_module(module_name), func_name)
     from opencomposer.config import ConfigError
     from opencomposer.types import InfrastructureDown
 
     try:
-        return int(handler(args) or 0)
+        problem = _check_paths(args)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        module_name, func_name = args.handler.split(":")
+        return int(getattr(importlib.import_module(module_name), func_name)(args) or 0)
     except ConfigError as e:
         print(f"opencomposer: invalid recipe: {e}", file=sys.stderr)
         return 2
@@ -228,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("opencomposer: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not isinstance(e, _bad_input_errors()):
+            raise
+        print(f"{_command(args)}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

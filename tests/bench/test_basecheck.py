@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from opencomposer.bench import basecheck as bc
-from opencomposer.cli import main
-from opencomposer.config import ModelConfig
+from opencomposer.bench import basecheck
+from opencomposer.bench.basecheck import common, fresh, nll, state
+from opencomposer.cli import build_parser, main
+from opencomposer.config import BasecheckConfig, ModelConfig, load_recipe
 from opencomposer.model.loading import load_model, save_checkpoint
 from tests.conftest import skip_missing
 
@@ -37,7 +38,7 @@ def small(tiny_tokenizer):
 
 
 def _ids(tokenizer, text: str) -> list[int]:
-    return [bc.start_id(tokenizer), *tokenizer(text, add_special_tokens=False)["input_ids"]]
+    return [common.start_id(tokenizer), *tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 @torch.no_grad()
@@ -53,7 +54,7 @@ def _next_token_nll(model, context: list[int], target: int) -> float:
 @pytest.mark.parametrize("n, window, stride", [(2, 2, 1), (10, 4, 2), (31, 8, 3), (50, 16, 8), (7, 64, 32)])
 def test_rolling_windows_score_every_token_once_with_enough_context(n, window, stride):
     scored = []
-    for begin, end, first in bc.rolling_windows(n, window, stride):
+    for begin, end, first in nll.rolling_windows(n, window, stride):
         assert end - begin <= window and begin < first
         for j in range(first, end):
             scored.append(j)
@@ -67,7 +68,7 @@ def test_rolling_nll_equals_one_full_forward_when_the_text_fits(small):
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
     reference = -logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None]).sum().item()
-    result = bc.rolling_nll(model, tokenizer, TEXT, window=len(ids) + 5)
+    result = nll.rolling_nll(model, tokenizer, TEXT, window=len(ids) + 5)
     assert result.windows == 1 and result.tokens == len(ids) - 1
     assert result.bytes == len(TEXT.encode())
     assert result.nll == pytest.approx(reference, rel=1e-5)
@@ -81,7 +82,7 @@ def test_rolling_nll_with_stride_one_equals_per_token_forwards(small):
     ids, window = _ids(tokenizer, text), 6
     reference = sum(_next_token_nll(model, ids[max(0, j - window + 1) : j], ids[j]) for j in range(1, len(ids)))
     assert len(ids) > 2 * window
-    assert bc.rolling_nll(model, tokenizer, text, window=window, stride=1).nll == pytest.approx(reference, rel=1e-5)
+    assert nll.rolling_nll(model, tokenizer, text, window=window, stride=1).nll == pytest.approx(reference, rel=1e-5)
 
 
 def test_repository_text_is_the_files_in_path_order(tmp_path):
@@ -91,9 +92,9 @@ def test_repository_text_is_the_files_in_path_order(tmp_path):
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "a.pyc").write_bytes(b"\0junk")
     (tmp_path / "blob.bin").write_bytes(b"\0\1\2")
-    text, paths = bc.repository_text(tmp_path)
+    text, paths = nll.repository_text(tmp_path)
     assert paths == ["a/z.py", "b.py"] and text == "z = 1\nb = 2\n"
-    assert bc.repository_text(tmp_path, max_bytes=8)[0] == "z = 1\n"  # cut at a line end
+    assert nll.repository_text(tmp_path, max_bytes=8)[0] == "z = 1\n"  # cut at a line end
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,19 +104,19 @@ def test_repository_text_is_the_files_in_path_order(tmp_path):
 @pytest.mark.parametrize("a, b, expected", [("kitten", "sitting", 3 / 7), ("same", "same", 0.0), ("", "", 0.0),
                                             ("", "abc", 1.0), ("abc", "xyz", 1.0), ("flaw", "lawn", 2 / 4)])
 def test_edit_distance_on_known_strings(a, b, expected):
-    assert bc.edit_distance(a, b) == pytest.approx(expected)
-    assert bc.edit_distance(b, a) == pytest.approx(expected)
+    assert state.edit_distance(a, b) == pytest.approx(expected)
+    assert state.edit_distance(b, a) == pytest.approx(expected)
 
 
 def test_generated_histories_are_deterministic_and_replay_to_the_final_file():
-    first = bc.generated_histories(6, 3, seed=0, max_prompt_chars=1600, max_final_chars=600)
-    again = bc.generated_histories(6, 3, seed=0, max_prompt_chars=1600, max_final_chars=600)
-    other = bc.generated_histories(6, 3, seed=1, max_prompt_chars=1600, max_final_chars=600)
+    first = state.generated_histories(6, 3, seed=0, max_prompt_chars=1600, max_final_chars=600)
+    again = state.generated_histories(6, 3, seed=0, max_prompt_chars=1600, max_final_chars=600)
+    other = state.generated_histories(6, 3, seed=1, max_prompt_chars=1600, max_final_chars=600)
     assert [h.versions for h in first] == [h.versions for h in again] != [h.versions for h in other]
     for history in first:
         assert len(history.versions) >= 2 and len(history.final) <= 600
-        assert bc.replay(history) == history.final
-        prompt = bc.history_prompt(history)
+        assert state.replay(history) == history.final
+        prompt = state.history_prompt(history)
         assert len(prompt) <= 1600
         assert prompt.startswith(f"The history of the file `{history.path}`")
         assert prompt.endswith(f"Final content of `{history.path}`:\n```python\n")
@@ -143,17 +144,17 @@ def test_git_histories_follow_renames_and_replay(tmp_path):
     _git(repo, "commit", "-q", "-m", "rename")
     (repo / "new.py").write_text("def f(x):\n    return 3 * x\n")
     _git(repo, "commit", "-q", "-am", "last")
-    assert bc.file_history(repo, "new.py") == [*steps, "def f(x):\n    return 3 * x\n"]
-    histories = bc.git_histories(repo, 5, max_prompt_chars=1600, max_final_chars=600)
+    assert state.file_history(repo, "new.py") == [*steps, "def f(x):\n    return 3 * x\n"]
+    histories = state.git_histories(repo, 5, max_prompt_chars=1600, max_final_chars=600)
     assert {h.path for h in histories} == {"new.py", "other.txt"}
-    assert all(bc.replay(h) == h.final == (repo / h.path).read_text() for h in histories)
-    short = bc.fit_history(bc.FileHistory("x", "new.py", bc.file_history(repo, "new.py")), 420)
-    assert short is not None and len(bc.history_prompt(short)) <= 420 and short.final.startswith("def f(x)")
+    assert all(state.replay(h) == h.final == (repo / h.path).read_text() for h in histories)
+    short = state.fit_history(state.FileHistory("x", "new.py", state.file_history(repo, "new.py")), 420)
+    assert short is not None and len(state.history_prompt(short)) <= 420 and short.final.startswith("def f(x)")
 
 
 def test_greedy_completion_stops_at_the_budget(small):
     model, tokenizer = small
-    out = bc.greedy_completion(model, tokenizer, "def f(", max_new_tokens=5)
+    out = state.greedy_completion(model, tokenizer, "def f(", max_new_tokens=5)
     assert len(tokenizer(out, add_special_tokens=False)["input_ids"]) <= 6
 
 
@@ -161,14 +162,14 @@ def test_greedy_completion_stops_at_the_budget(small):
 # FreshBench-like QA
 
 
-def _function_source(source: str, question: bc.Question) -> list[str]:
+def _function_source(source: str, question: fresh.Question) -> list[str]:
     tree = ast.parse(source)
     name = question.subject.split(".")[-1]
     return [ast.get_source_segment(source, node) for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name]
 
 
-def _textual_check(question: bc.Question) -> bool:
+def _textual_check(question: fresh.Question) -> bool:
     """The answer, found in the file's text with a regular expression (not the generator's ast walk)."""
     source = Path(question.file).read_text(encoding="utf-8")
     answer = re.escape(question.answer)
@@ -185,28 +186,28 @@ def _textual_check(question: bc.Question) -> bool:
 
 
 def test_questions_are_deterministic_and_verifiable_from_the_source():
-    questions = bc.generate_questions(16, seed=0)
+    questions = fresh.generate_questions(16, seed=0)
     assert [(q.kind, q.module, q.subject, q.candidates) for q in questions] == \
-        [(q.kind, q.module, q.subject, q.candidates) for q in bc.generate_questions(16, seed=0)]
-    assert [q.subject for q in questions] != [q.subject for q in bc.generate_questions(16, seed=1)]
-    assert sorted({q.kind for q in questions}) == sorted(bc.KINDS)
+        [(q.kind, q.module, q.subject, q.candidates) for q in fresh.generate_questions(16, seed=0)]
+    assert [q.subject for q in questions] != [q.subject for q in fresh.generate_questions(16, seed=1)]
+    assert sorted({q.kind for q in questions}) == sorted(fresh.KINDS)
     for q in questions:
         assert len(q.candidates) == 4 == len(set(q.candidates)) and q.answer not in q.distractors
         assert q.prompt.startswith(f"# {q.package} {q.version}, {q.module}\n") and len(q.prompt) <= 1200
-        assert bc.verify_question(q), q
+        assert fresh.verify_question(q), q
         assert _textual_check(q), q
 
 
 def test_a_wrong_answer_fails_verification():
-    q = bc.generate_questions(4, seed=3, packages=["rich"])[0]
-    swapped = bc.Question(**{**q.__dict__, "answer_index": (q.answer_index + 1) % len(q.candidates)})
-    assert bc.verify_question(q) and not bc.verify_question(swapped)
+    q = fresh.generate_questions(4, seed=3, packages=["rich"])[0]
+    swapped = fresh.Question(**{**q.__dict__, "answer_index": (q.answer_index + 1) % len(q.candidates)})
+    assert fresh.verify_question(q) and not fresh.verify_question(swapped)
 
 
 def test_cached_candidate_scores_equal_full_forwards(small):
     model, tokenizer = small
     prompt, continuations = "def f(a, b=", ["None,", "0,", "'utf-8',"]
-    scores = bc.continuation_logprobs(model, tokenizer, prompt, continuations)
+    scores = fresh.continuation_logprobs(model, tokenizer, prompt, continuations)
     prompt_ids = _ids(tokenizer, prompt)
     for text, score in zip(continuations, scores):
         cont = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -245,6 +246,21 @@ def test_command_writes_the_three_keys_per_model_and_a_table(tmp_path, capsys, t
     assert "NLL/byte" in printed and "Fresh acc" in printed and f"results: {out}" in printed
 
 
+def test_flags_are_the_basecheck_section_of_the_recipe(tmp_path):
+    """Every flag is ``--set basecheck.FIELD``; a list flag, repeated, is the whole list; a recipe's
+    ``[basecheck]`` is read, and a flag after it wins; the help text is the field's docstring."""
+    parser = build_parser()
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[basecheck]\nwindow = 128\nquestions = 8\nnll_repos = ['x']\n")
+    args = parser.parse_args(["basecheck", "--model", "tiny_moe", "--out", "o.json", "--recipe", str(recipe),
+                              "--nll-repo", "a", "--questions", "4", "--nll-repo", "b", "--device", "cpu"])
+    settings = load_recipe(args.recipe, args.overrides).basecheck
+    assert (settings.window, settings.questions, settings.nll_repos, settings.device) == (128, 4, ["a", "b"], "cpu")
+    assert load_recipe(None, ["basecheck.packages=['rich']"]).basecheck.packages == ["rich"]
+    help = parser._subparsers._group_actions[0].choices["basecheck"].format_help()
+    assert "FreshBench-like questions, a quarter of each kind. Default 48" in " ".join(help.split())
+
+
 @pytest.mark.parametrize("models, extra, message", [
     (["gpt5"], (), "--model gpt5: no such folder, and not a model kind (tiny_moe"),
     (["/no/such/model"], (), "--model /no/such/model: no such folder"),
@@ -267,7 +283,7 @@ def test_folders_that_are_not_models_or_repositories_are_refused(tmp_path, capsy
     assert main(_argv(tmp_path / "out.json", "tiny_moe", extra=("--history-repo", str(tmp_path / "empty")))) == 2
     assert "not a git work tree" in capsys.readouterr().err
     assert main(_argv(tmp_path, "tiny_moe")) == 2
-    assert "is a folder; expected a JSON file path" in capsys.readouterr().err
+    assert f"--out {tmp_path}: is a folder; expected a file path" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,8 +305,8 @@ def test_smollm2_beats_pretrained_tiny_beats_untrained_tiny(tmp_path):
                                                      "pretrain.max_steps=600", "pretrain.max_minutes=30"])
     _, _, result, checkpoint = run_pretraining(config, progress=False)
     assert result.steps == 600 and result.last_loss < result.first_loss
-    settings = bc.BasecheckSettings(window=256, nll_bytes=12_000, histories=6, questions=96, device="cpu", threads=1)
-    results = bc.run_basecheck(["smollm2", str(checkpoint), "tiny_moe"], settings)
+    settings = BasecheckConfig(window=256, nll_bytes=12_000, histories=6, questions=96, device="cpu", threads=1)
+    results = basecheck.run_basecheck(["smollm2", str(checkpoint), "tiny_moe"], settings)
     smol, pretrained, untrained = (results[k] for k in ("smollm2", str(checkpoint), "tiny_moe"))
     summary = {k: {m: v[m] for m in ("codebase_nll_per_byte", "state_tracking_distance", "freshbench_accuracy")}
                for k, v in results.items()}

@@ -1,17 +1,19 @@
 """``opencomposer eval``: run a policy over a task suite and score it (``bench.eval``).
 
 ``--suite``, ``--policy``, ``--passes``, ``--workers``, ``--limit`` and ``--out`` are shorthands for
-``--set eval.*`` (declared in ``cli.py``), so everything here comes from the resolved recipe.
+``--set eval.*`` (declared in ``cli.py``), so everything here comes from the resolved recipe. A suite
+or output folder that is not there was refused by ``cli.main`` already; the recipe's model paths
+are checked here, where the policy says whether it loads that model.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from opencomposer.config import ConfigError, load_recipe
-from opencomposer.tasks.format import TaskFormatError, load_suite
+from opencomposer.config.paths import MODEL_PATHS, check_recipe_paths
+from opencomposer.tasks.format import load_suite
 
 
 def main(args: argparse.Namespace) -> int:
@@ -24,11 +26,9 @@ def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
     if not config.eval.suite:
         raise ConfigError("eval.suite: no suite given; pass --suite DIR (a folder of task folders)")
-    try:
-        tasks = load_suite(config.eval.suite)
-    except TaskFormatError as e:
-        print(f"opencomposer eval: {e}", file=sys.stderr)
-        return 2
+    if config.eval.policy == "local":  # the recipe's model; local:CHECKPOINT names its own folder
+        check_recipe_paths(config, MODEL_PATHS)
+    tasks = load_suite(config.eval.suite)
     if config.eval.limit:
         tasks = tasks[: config.eval.limit]
     policy = make_policy(config.eval.policy, config)

@@ -3,7 +3,8 @@ suites. ``--workers`` is a shorthand for ``--set tasks.workers=N`` (declared in 
 
 The long ones (generate, mine, validate) show the shared ``ProgressBar``: a bar on a terminal, one
 line per finished item in a log. The library functions report each item through ``on_done``; the
-display is the command's."""
+display is the command's. A suite, repository or output folder that is not there, and the
+library's bad-input errors, are reported by ``cli.main`` as one line and exit 2."""
 
 from __future__ import annotations
 
@@ -13,16 +14,12 @@ import time
 from pathlib import Path
 
 from opencomposer.config import load_recipe
-from opencomposer.tasks.format import TaskFormatError, load_suite
+from opencomposer.tasks.format import load_suite
 from opencomposer.training.progress import ProgressBar
 
 
 def check_main(args: argparse.Namespace) -> int:
-    try:
-        tasks = load_suite(args.suite)
-    except TaskFormatError as e:
-        print(f"opencomposer tasks check: {e}", file=sys.stderr)
-        return 2
+    tasks = load_suite(args.suite)
     for task in tasks:
         print(f"{task.id}: {len(task.fail_to_pass)} fail->pass, {len(task.pass_to_pass)} pass->pass, "
               f"gold patch: {'yes' if task.gold_patch else 'no'}")
@@ -31,8 +28,8 @@ def check_main(args: argparse.Namespace) -> int:
 
 
 def import_main(args: argparse.Namespace) -> int:
+    from opencomposer.sandbox.venv import EnvironmentSpec, parse_environment
     from opencomposer.tasks import importers
-    from opencomposer.sandbox.venv import EnvironmentSpec, EnvironmentSpecError, parse_environment
 
     out = Path(args.out)
     try:
@@ -54,7 +51,7 @@ def import_main(args: argparse.Namespace) -> int:
             tasks = importers.import_harbor(Path(args.source), out, config.sandbox,
                                             run_solutions=not args.no_solutions, overwrite=args.overwrite,
                                             environment=base)
-    except (TaskFormatError, FileExistsError, EnvironmentSpecError) as e:
+    except (FileNotFoundError, FileExistsError) as e:  # a Harbor source that is not there; a task folder that is
         print(f"opencomposer tasks import: {e}", file=sys.stderr)
         return 2
     print(f"imported {len(tasks)} task(s) into {out}")
@@ -73,7 +70,7 @@ def export_main(args: argparse.Namespace) -> int:
         else:
             count = exporters.export_swebench_predictions(Path(args.source), Path(args.out), args.model_name)
             print(f"wrote {count} prediction(s) to {args.out}")
-    except (TaskFormatError, FileExistsError, ValueError) as e:
+    except (FileExistsError, ValueError) as e:  # a folder that is there already; predictions that are not
         print(f"opencomposer tasks export: {e}", file=sys.stderr)
         return 2
     return 0
@@ -125,26 +122,21 @@ def mine_main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from opencomposer.tasks.mining import MiningError, commits_to_mine, mine
+    from opencomposer.tasks.mining import commits_to_mine, mine
 
     config = load_recipe(args.recipe, args.overrides)
-    try:
-        total = len(commits_to_mine(Path(args.repo), args.rev, args.limit))
-        done = kept = 0
-        with ProgressBar("mine", total, status="{sha} {outcome}  tasks {kept}") as bar:
-            def on_done(record) -> None:
-                nonlocal done, kept
-                done += 1
-                kept += record.task_id is not None
-                bar.update(done, sha=record.sha[:10], outcome=record.task_id or f"(no task: {record.reason})",
-                           kept=kept)
+    total = len(commits_to_mine(Path(args.repo), args.rev, args.limit))
+    done = kept = 0
+    with ProgressBar("mine", total, status="{sha} {outcome}  tasks {kept}") as bar:
+        def on_done(record) -> None:
+            nonlocal done, kept
+            done += 1
+            kept += record.task_id is not None
+            bar.update(done, sha=record.sha[:10], outcome=record.task_id or f"(no task: {record.reason})",
+                       kept=kept)
 
-            records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
-                           config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers,
-                           on_done=on_done)
-    except MiningError as e:
-        print(f"opencomposer tasks mine: {e}", file=sys.stderr)
-        return 2
+        records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
+                       config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers, on_done=on_done)
     table = Table(title=f"{args.repo}: {sum(r.task_id is not None for r in records)} task(s) from "
                         f"{len(records)} commit(s)")
     for column in ("commit", "subject", "task / why not"):
@@ -164,11 +156,7 @@ def stats_main(args: argparse.Namespace) -> int:
 
     from opencomposer.tasks.stats import plot, stats_table, summarize, task_stats
 
-    try:
-        tasks = load_suite(Path(args.suite))
-    except TaskFormatError as e:
-        print(f"opencomposer tasks stats: {e}", file=sys.stderr)
-        return 2
+    tasks = load_suite(Path(args.suite))
     rows = [task_stats(t) for t in tasks]
     name = Path(args.suite).resolve().name
     png = Path(args.png) if args.png else load_recipe(args.recipe, args.overrides).run.path / "stats" / f"{name}.png"
@@ -179,16 +167,12 @@ def stats_main(args: argparse.Namespace) -> int:
 
 
 def validate_main(args: argparse.Namespace) -> int:
-    """Exit 1 when a task drifted, 2 when the suite is unreadable."""
+    """Exit 1 when a task drifted."""
     from opencomposer.config import GradingConfig
     from opencomposer.tasks.validation import validate_suite
 
     config = load_recipe(args.recipe, args.overrides)
-    try:
-        tasks = load_suite(Path(args.suite))
-    except TaskFormatError as e:
-        print(f"opencomposer tasks validate: {e}", file=sys.stderr)
-        return 2
+    tasks = load_suite(Path(args.suite))
     grading = GradingConfig(lint=False, timeout_s=config.grading.timeout_s,
                             per_test_timeout_s=config.grading.per_test_timeout_s)
     done = drifted_so_far = 0
@@ -214,7 +198,7 @@ def validate_main(args: argparse.Namespace) -> int:
 
 def build_env_main(args: argparse.Namespace) -> int:
     """Build the ``[environment]`` of every task under ``args.suite`` (once per distinct
-    environment). Exit 1 when a build failed (its log is named), 2 when the suite is unreadable."""
+    environment). Exit 1 when a build failed (its log is named)."""
     from opencomposer.sandbox.venv import (
         EnvironmentBuildError,
         EnvironmentSpecError,
@@ -224,11 +208,7 @@ def build_env_main(args: argparse.Namespace) -> int:
     )
 
     config = load_recipe(args.recipe, args.overrides)
-    try:
-        tasks = load_suite(Path(args.suite))
-    except TaskFormatError as e:
-        print(f"opencomposer tasks build-env: {e}", file=sys.stderr)
-        return 2
+    tasks = load_suite(Path(args.suite))
     groups: dict[str, list] = {}  # environment key -> (resolved, [task, ...])
     failed = 0
     for task in tasks:

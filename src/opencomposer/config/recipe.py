@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opencomposer.config.agent import AgentConfig, SamplingConfig
+from opencomposer.config.basecheck import BasecheckConfig
 from opencomposer.config.bench import EvalConfig
 from opencomposer.config.grading import GradingConfig
 from opencomposer.config.inference import InferenceConfig
@@ -35,6 +36,7 @@ class Config(Section):
     agent: AgentConfig = field(default_factory=AgentConfig)
     grading: GradingConfig = field(default_factory=GradingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    basecheck: BasecheckConfig = field(default_factory=BasecheckConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     services: ServicesConfig = field(default_factory=ServicesConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)

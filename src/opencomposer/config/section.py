@@ -12,9 +12,12 @@ Not here: reading TOML and overrides (``loader``), the sections themselves (one 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
+import inspect
 import math
+import textwrap
 import typing
 from typing import Any, ClassVar, Literal
 
@@ -48,6 +51,19 @@ def field_types(cls: type) -> dict[str, Any]:
     """Field name → resolved annotation, for the fields of dataclass ``cls``."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name → its docstring (the string under the field in the class body), whitespace
+    collapsed: what a recipe key means, in one place, also the help text of a flag derived from it."""
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    docs = {}
+    for field, doc in zip(node.body, node.body[1:]):
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and isinstance(doc, ast.Expr) \
+                and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str):
+            docs[field.target.id] = " ".join(doc.value.value.split())
+    return docs
 
 
 def is_section(tp: Any) -> bool:
