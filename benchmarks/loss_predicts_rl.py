@@ -37,6 +37,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -81,9 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: 16)")
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="work folder of the stages, reused by a rerun (default: "
-                             "$OPENCOMPOSER_HOME/loss-predicts-rl[-quick])")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="where loss_predicts_rl.json / .png go (default: %(default)s)")
+                             "$OPENCOMPOSER_HOME/loss-predicts-rl; with --quick, a temporary folder)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help=f"where loss_predicts_rl.json / .png go (default: {RESULTS}; with --quick, a "
+                             "temporary folder)")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: budgets {QUICK_STEPS}, a 200-file corpus, 3 SFT steps, 2 RL steps")
     args = parser.parse_args(argv)
@@ -91,10 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps = QUICK_STEPS
     if len(args.steps) < 2 or sorted(set(args.steps)) != args.steps:
         parser.error("--steps: at least two budgets, increasing")
+    scratch = Path(tempfile.mkdtemp(prefix="opencomposer-quick-")) if args.quick else None
+    args.results = args.results or scratch or RESULTS
     if args.out_dir is None:
         from opencomposer.io import cache_dir
 
-        args.out_dir = cache_dir() / ("loss-predicts-rl-quick" if args.quick else "loss-predicts-rl")
+        args.out_dir = scratch / "work" if scratch else cache_dir() / "loss-predicts-rl"
     args.out_dir = args.out_dir.resolve()
     args.rl_seeds = args.rl_seeds or [args.seed]
     return args
@@ -142,7 +146,8 @@ class Shared:
 
     @property
     def heldout_rows(self) -> list:
-        """The same held-out batches for every model: the held-out files, packed as pretraining packs them."""
+        """The same held-out batches (ids and position ids) for every model: the held-out files, packed
+        as pretraining packs them."""
         if self._rows is None:
             from opencomposer.model.tokenizer import document_separator_id
             from opencomposer.pretrain.cpt import packed_batches
@@ -229,7 +234,7 @@ def prepare_budget(config, args: argparse.Namespace, shared: Shared, steps: int)
     if held is None or held.get("batches") != args.heldout_batches:
         started = time.perf_counter()
         rows = shared.heldout_rows
-        held = {"batches": args.heldout_batches, "tokens": sum(int(b[:, 1:].numel()) for b in rows),
+        held = {"batches": args.heldout_batches, "tokens": sum(int(ids[:, 1:].numel()) for ids, _ in rows),
                 "after_pretrain": heldout_loss(run_dir / "checkpoint", rows),
                 "after_sft": heldout_loss(sft_dir, rows)}
         write_json(run_dir / "heldout.json", held)
