@@ -10,6 +10,7 @@ mean of ``|approx| - |exact|`` over mean ``|x|``). Inputs are taken in bfloat16 
 step hands the quantiser) and in float32.
 
     .venv/bin/python benchmarks/numerics_division.py [--tensors 32 --rows 256 --cols 2048 --threads 1]
+    .venv/bin/python benchmarks/numerics_division.py --quick
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import json
 from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 from opencomposer.numerics import dequantize_nvfp4, quantize_mx, quantize_nvfp4
 from opencomposer.numerics.formats import unpack_fp4
 
-RESULTS = Path(__file__).parent / "results" / "numerics_division.json"
+QUICK = {"tensors": 2, "rows": 32, "cols": 256}
 
 
 def activations(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -35,14 +37,15 @@ def activations(rows: int, cols: int, seed: int) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--tensors", type=int, default=32, help="independent tensors (each its own per-tensor scale)"
     )
-    parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--cols", type=int, default=2048)
+    parser.add_argument("--rows", type=int, default=256, help="rows (tokens) per tensor")
+    parser.add_argument("--cols", type=int, default=2048, help="columns (channels) per tensor")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 keeps the default")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     if args.threads:
         torch.set_num_threads(args.threads)
     tensors = [activations(args.rows, args.cols, seed) for seed in range(args.tensors)]
@@ -103,13 +106,14 @@ def main() -> None:
             print(
                 f"{'mxfp8':7s} {'block':7s} {row['input']:9s} {row['division']:12s} {row['element_flip_rate']:13.2e}"
             )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    out = args.results_dir / "numerics_division.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
         json.dumps(
             {"tensors": args.tensors, "rows": args.rows, "cols": args.cols, "results": records}, indent=2
         )
     )
-    print(f"wrote {RESULTS}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
