@@ -51,7 +51,10 @@ def import_main(args: argparse.Namespace) -> int:
             tasks = importers.import_harbor(Path(args.source), out, config.sandbox,
                                             run_solutions=not args.no_solutions, overwrite=args.overwrite,
                                             environment=base)
-    except (FileNotFoundError, FileExistsError) as e:  # a Harbor source that is not there; a task folder that is
+    except FileNotFoundError as e:  # a Harbor source: a path, or not, by the format
+        print(f"opencomposer tasks import: {e.filename}: no such file or folder", file=sys.stderr)
+        return 2
+    except FileExistsError as e:  # a task folder made before, without --overwrite
         print(f"opencomposer tasks import: {e}", file=sys.stderr)
         return 2
     print(f"imported {len(tasks)} task(s) into {out}")
