@@ -1,4 +1,5 @@
-"""The gloo tests' spawner reruns a run only when a rank died by a signal, never on an exception."""
+"""The gloo tests' spawner reruns a run only when a rank died by a signal, never on an exception;
+one world runs several checks in the same group and hands back each one's results by rank."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.ranks import spawn_ranks
+from tests.distributed.ranks import run_world, spawn_ranks
 
 
 def _abort_once(rank: int, port: int, folder: str) -> None:
@@ -38,3 +39,20 @@ def test_an_exception_in_a_rank_is_not_retried(tmp_path):
     with pytest.raises(torch.multiprocessing.ProcessRaisedException, match="a wrong result"):
         spawn_ranks(_raise, 2, str(tmp_path))
     assert len({p.name.split("-")[2] for p in tmp_path.glob("attempt-*")}) == 1  # one attempt, one port
+
+
+def summed_ranks(rank: int, folder: str) -> int:
+    total = torch.tensor(rank + 1)
+    torch.distributed.all_reduce(total)
+    return int(total)
+
+
+def read_input(rank: int, folder: str) -> tuple[int, int, str]:
+    return rank, torch.distributed.get_world_size(), (Path(folder) / "input.txt").read_text()
+
+
+def test_one_world_runs_each_check_on_every_rank_in_one_group(tmp_path):
+    (tmp_path / "input.txt").write_text("written before the spawn")
+    results = run_world([summed_ranks, read_input], 2, tmp_path)
+    assert results == {"summed_ranks": [3, 3],
+                       "read_input": [(0, 2, "written before the spawn"), (1, 2, "written before the spawn")]}

@@ -6,7 +6,6 @@ and one process writes what two ranks resume from, training the next step as one
 from __future__ import annotations
 
 import copy
-import os
 import pickle
 from pathlib import Path
 
@@ -16,9 +15,12 @@ import torch
 from opencomposer.config import ConfigError, load_recipe
 from opencomposer.distributed.runtime import World
 from opencomposer.rl.trainer import ScoredStep, Trainer
-from tests.distributed.ranks import spawn_ranks
+from tests.distributed.ranks import run_world
 from tests.distributed.test_dp_rl_step import TOKENIZER, make_rows
 from tests.distributed.test_dp_rl_step import config as base_config
+
+FIRST = make_rows(1, [0.5, -0.5, 0.25, -0.25])
+SECOND = make_rows(2, [0.7, -0.3, -0.4, 0.6, -0.2, -0.4])
 
 
 def config():
@@ -27,31 +29,31 @@ def config():
     return cfg
 
 
-def _rank(rank: int, port: int, mode: str, folder: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        torch.set_num_threads(1)
-        with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
-            model, state, rows = pickle.load(f)
-        trainer = Trainer(model, TOKENIZER, config(), world=World(rank, 2))
-        if rank:
-            trainer.follow()
-            return
-        if mode == "write":  # train a step, write the shards
-            trainer.train(ScoredStep(rows=rows))
-            trainer.save_optimizer(Path(folder) / "optimizer")
-            out = {"state": trainer.state_dict()}
-        else:  # resume from one process's shards, train the next step
-            trainer.load_state_dict(state, Path(folder) / "optimizer")
-            loss, _ = trainer.train(ScoredStep(rows=rows))
-            out = {"loss": loss, "updates": trainer.updates}
-        out["weights"] = {k: v.clone() for k, v in trainer.full_model().state_dict().items()}
-        trainer.stop()
-        with open(os.path.join(folder, "out.pkl"), "wb") as f:
-            pickle.dump(out, f)
-    finally:
-        torch.distributed.destroy_process_group()
+def _train(rank: int, folder: Path) -> dict | None:
+    """Rank 0 trains a step from ``folder``'s inputs (after resuming from its ``optimizer`` shards
+    when the inputs carry a trainer state), rank 1 follows; rank 0's state and weights."""
+    model, state, rows = pickle.loads((folder / "inputs.pkl").read_bytes())
+    trainer = Trainer(model, TOKENIZER, config(), world=World(rank, 2))
+    if rank:
+        trainer.follow()
+        return None
+    if state is not None:
+        trainer.load_state_dict(state, folder / "optimizer")
+    loss, _ = trainer.train(ScoredStep(rows=rows))
+    if state is None:
+        trainer.save_optimizer(folder / "optimizer")
+    out = {"loss": loss, "state": trainer.state_dict(),
+           "weights": {k: v.clone() for k, v in trainer.full_model().state_dict().items()}}
+    trainer.stop()
+    return out
+
+
+def write_shards(rank: int, folder: str) -> dict | None:
+    return _train(rank, Path(folder) / "write")
+
+
+def resume_from_shards(rank: int, folder: str) -> dict | None:
+    return _train(rank, Path(folder) / "resume")
 
 
 @pytest.fixture(scope="module")
@@ -62,26 +64,40 @@ def small_model(tiny_tokenizer):
     return load_model(SMALL, tiny_tokenizer, seed=5)[0]
 
 
+def inputs(folder: Path, model, state, rows) -> None:
+    folder.mkdir()
+    (folder / "inputs.pkl").write_bytes(pickle.dumps((copy.deepcopy(model), state, rows)))
+
+
+@pytest.fixture(scope="module")
+def world(small_model, tmp_path_factory):
+    """One world of two ranks for both directions: ``write_shards`` trains the first step from the
+    start and writes its shards; ``resume_from_shards`` resumes from shards one process wrote after
+    that step and trains the second. (folder, the one process after the first step, results)."""
+    folder = tmp_path_factory.mktemp("sharded")
+    inputs(folder / "write", small_model, None, FIRST)
+    single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
+    single.train(ScoredStep(rows=copy.deepcopy(FIRST)))
+    inputs(folder / "resume", single.model, single.state_dict(), SECOND)
+    single.save_optimizer(folder / "resume" / "optimizer")
+    return folder, single, run_world([write_shards, resume_from_shards], 2, folder)
+
+
 def adam_state(trainer: Trainer) -> dict[str, dict[str, torch.Tensor]]:
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     return {names[id(p)]: dict(s) for p, s in trainer.optimizer.state.items()}
 
 
-def test_two_ranks_write_shards_that_one_process_resumes_from(small_model, tmp_path):
-    first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
-    with open(tmp_path / "inputs.pkl", "wb") as f:
-        pickle.dump((copy.deepcopy(small_model), None, first), f)
-    spawn_ranks(_rank, 2, "write", str(tmp_path))
-    out = pickle.loads((tmp_path / "out.pkl").read_bytes())
+def test_two_ranks_write_shards_that_one_process_resumes_from(small_model, world):
+    folder, single, results = world
+    out, written = results["write_shards"][0], folder / "write" / "optimizer"
     assert out["state"] == {"optimizer_format": "sharded", "updates": 1}
-    assert (tmp_path / "optimizer" / ".metadata").is_file()
-    assert len(list((tmp_path / "optimizer").glob("*.distcp"))) == 2  # one file per rank
+    assert (written / ".metadata").is_file()
+    assert len(list(written.glob("*.distcp"))) == 2  # one file per rank
 
-    single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
-    single.train(ScoredStep(rows=copy.deepcopy(first)))
     resumed = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
     resumed.model.load_state_dict(out["weights"])
-    resumed.load_state_dict(out["state"], tmp_path / "optimizer")
+    resumed.load_state_dict(out["state"], written)
     assert resumed.updates == 1
     want, got = adam_state(single), adam_state(resumed)
     assert want.keys() == got.keys() and want
@@ -90,20 +106,12 @@ def test_two_ranks_write_shards_that_one_process_resumes_from(small_model, tmp_p
             torch.testing.assert_close(got[name][slot], value, rtol=1e-4, atol=1e-7, msg=f"{name}.{slot}")
 
 
-def test_one_process_writes_shards_that_two_ranks_resume_from(small_model, tmp_path):
-    first = make_rows(1, [0.5, -0.5, 0.25, -0.25])
-    second = make_rows(2, [0.7, -0.3, -0.4, 0.6, -0.2, -0.4])
-    single = Trainer(copy.deepcopy(small_model), TOKENIZER, config())
-    single.train(ScoredStep(rows=copy.deepcopy(first)))
-    state = single.state_dict()
-    single.save_optimizer(tmp_path / "optimizer")
-    with open(tmp_path / "inputs.pkl", "wb") as f:
-        pickle.dump((copy.deepcopy(single.model), state, second), f)
-    spawn_ranks(_rank, 2, "resume", str(tmp_path))
-    out = pickle.loads((tmp_path / "out.pkl").read_bytes())
-
-    loss, _ = single.train(ScoredStep(rows=copy.deepcopy(second)))
-    assert out["loss"] == pytest.approx(loss, rel=1e-5) and out["updates"] == 2
+def test_one_process_writes_shards_that_two_ranks_resume_from(world):
+    _, single, results = world
+    out = results["resume_from_shards"][0]
+    single = copy.deepcopy(single)
+    loss, _ = single.train(ScoredStep(rows=copy.deepcopy(SECOND)))
+    assert out["loss"] == pytest.approx(loss, rel=1e-5) and out["state"]["updates"] == 2
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(out["weights"][name], value, rtol=1e-4, atol=1e-6, msg=name)
 
