@@ -28,8 +28,10 @@ without dispatch).
 
 Writes ``benchmarks/results/numerics_division_rl.json`` and ``numerics_division_rl.png``; run
 folders under ``--out`` (default ``runs/numerics-division``; an existing SFT start is reused).
+``--quick`` runs exact and approx for two steps from a two-step SFT, everything in a temporary folder.
 
     .venv/bin/python benchmarks/numerics_division_rl.py [--steps 96 --batch-tasks 1 --jobs 2]
+    .venv/bin/python benchmarks/numerics_division_rl.py --quick
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ import time
 from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "rl-tiny.toml"
-RESULTS = Path(__file__).parent / "results"
+QUICK = {"steps": 2, "batch_tasks": 1, "group_size": 2, "eval_every": 2, "eval_tasks": 1, "eval_samples": 1,
+         "checkpoint_every": 1, "kl_tasks": 1, "sft_steps": 2, "variants": ["exact", "approx"], "jobs": 1}
 NVFP4 = ["numerics.recipe=nvfp4_fwd_mxfp8_bwd", "numerics.nvfp4_activation_scale=token",
          "numerics.quantize_dispatch=true"]
 VARIANTS = {
@@ -237,21 +241,24 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=96)
-    parser.add_argument("--batch-tasks", type=int, default=1)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--eval-every", type=int, default=48)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=96, help="RL steps of every run")
+    parser.add_argument("--batch-tasks", type=int, default=1, help="tasks per RL step")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per task")
+    parser.add_argument("--eval-every", type=int, default=48, help="held-out pass@1 every this many steps")
     parser.add_argument("--eval-tasks", type=int, default=32)
     parser.add_argument("--eval-samples", type=int, default=2)
-    parser.add_argument("--checkpoint-every", type=int, default=16)
-    parser.add_argument("--kl-tasks", type=int, default=16)
+    parser.add_argument("--checkpoint-every", type=int, default=16, help="drift and KL are measured at checkpoints")
+    parser.add_argument("--kl-tasks", type=int, default=16, help="demonstrations whose tokens the KL is taken over")
     parser.add_argument("--sft-steps", type=int, default=160, help="the recipe's SFT length")
     parser.add_argument("--variants", nargs="+", default=["exact", "approx", "approx+1", "control"],
                         choices=list(VARIANTS))
     parser.add_argument("--jobs", type=int, default=2, help="RL runs at once (one torch thread each)")
-    parser.add_argument("--out", type=Path, default=Path("runs/numerics-division"))
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=Path("runs/numerics-division"), help="run folders")
+    args = parse_args(parser, QUICK)
+    if args.quick:
+        args.out = args.results_dir / "runs"
     if "exact" not in args.variants:
         parser.error("--variants must include exact (the reference)")
     args.out = args.out.resolve()
@@ -271,9 +278,9 @@ def main() -> None:
     result = analyse(args, args.variants, start)
     result["flips"] = dispatch_flip_rates()
     result.update({"args": {k: str(v) for k, v in vars(args).items()}, "sft_s": sft_s, "rl_s": seconds})
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "numerics_division_rl.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, RESULTS / "numerics_division_rl.png")
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / "numerics_division_rl.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.results_dir / "numerics_division_rl.png")
     for case, rates in result["flips"].items():
         print(f"{case:26s} element flips {rates['element_flips']:.2e}  block-scale flips "
               f"{rates['block_scale_flips']:.2e}  bias {rates['bias']:+.2e}")
