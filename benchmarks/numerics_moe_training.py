@@ -14,6 +14,7 @@ Writes ``benchmarks/results/numerics_moe_loss.png`` (seed-mean training loss, sm
 held-out loss of the three recipes) and ``numerics_moe_training.json`` (all curves and gaps).
 
     .venv/bin/python benchmarks/numerics_moe_training.py [--steps 400 --seeds 0 1 --threads 1]
+    .venv/bin/python benchmarks/numerics_moe_training.py --quick
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ import time
 from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 from opencomposer.config import CorpusConfig, NumericsConfig
 from opencomposer.model.corpus import build_corpus
 from opencomposer.model.tokenizer import document_separator_id, train_tokenizer
 from opencomposer.numerics.convert import convert_model
 
-RESULTS = Path(__file__).parent / "results"
+QUICK = {"steps": 3, "batch_size": 2, "seq_len": 32, "hidden": 32, "layers": 1, "experts": 2, "vocab_size": 300,
+         "files": 20, "warmup": 1, "eval_every": 3, "eval_batches": 1, "seeds": [0]}
 RECIPES = ("bf16", "mxfp8", "nvfp4_fwd_mxfp8_bwd")
 
 
@@ -116,7 +119,8 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -127,12 +131,12 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=400)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=15)
-    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--eval-every", type=int, default=25, help="held-out loss every this many steps")
     parser.add_argument("--eval-batches", type=int, default=4)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--quantize-linears", action="store_true")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="each fixes the init and the batch order")
+    parser.add_argument("--quantize-linears", action="store_true", help="convert the attention linears too")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 keeps the default")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -215,14 +219,14 @@ def main() -> None:
     ax.set_title(f"Tiny Qwen3-MoE on Python source, mean of seeds {args.seeds}: experts by numerics.recipe")
     ax.grid(alpha=0.3)
     ax.legend()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    fig.savefig(RESULTS / "numerics_moe_loss.png", dpi=120, bbox_inches="tight")
-    (RESULTS / "numerics_moe_training.json").write_text(
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.results_dir / "numerics_moe_loss.png", dpi=120, bbox_inches="tight")
+    (args.results_dir / "numerics_moe_training.json").write_text(
         json.dumps(
-            {"args": vars(args), "summary": summary, "bf16_seed_spread": seed_spread, "runs": runs}, indent=2
+            {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "summary": summary, "bf16_seed_spread": seed_spread, "runs": runs}, indent=2
         )
     )
-    print(f"wrote {RESULTS / 'numerics_moe_loss.png'} and {RESULTS / 'numerics_moe_training.json'}")
+    print(f"wrote {args.results_dir / 'numerics_moe_loss.png'} and {args.results_dir / 'numerics_moe_training.json'}")
 
 
 if __name__ == "__main__":
