@@ -10,6 +10,7 @@ quantiser uses a different arithmetic order (and no per-token scale), so its cod
 last bits; the NVFP4 rows compare time only.
 
     .venv/bin/python benchmarks/numerics_throughput.py [--rows 4096 --cols 4096 --threads 1]
+    .venv/bin/python benchmarks/numerics_throughput.py --quick   # without torchao installed: ours alone
 """
 
 from __future__ import annotations
@@ -18,17 +19,21 @@ import argparse
 import json
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 from opencomposer.numerics import dequantize_mx, dequantize_nvfp4, quantize_mx, quantize_nvfp4
 
-RESULTS = Path(__file__).parent / "results"
+QUICK = {"rows": 64, "cols": 256, "repeats": 1}
+NAN = float("nan")
 
 
 def best_times(fns: dict[str, callable], repeats: int) -> dict[str, float]:
-    """Best wall time of each function, calls interleaved round-robin after one warm-up each."""
+    """Best wall time of each function, calls interleaved round-robin after one warm-up each; a
+    function that is None (a peer not installed) gets NaN."""
+    missing = {name: NAN for name, fn in fns.items() if fn is None}
+    fns = {name: fn for name, fn in fns.items() if fn is not None}
     for fn in fns.values():
         fn()
     best = {name: float("inf") for name in fns}
@@ -37,28 +42,36 @@ def best_times(fns: dict[str, callable], repeats: int) -> dict[str, float]:
             start = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
-    return best
+    return best | missing
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=4096)
-    parser.add_argument("--cols", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=4096, help="rows of the tensor")
+    parser.add_argument("--cols", type=int, default=4096, help="columns of the tensor")
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per operation (the best is kept)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 keeps the default")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         from torchao.prototype.mx_formats.config import ScaleCalculationMode
         from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
         from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
+        torchao = True
     except ImportError:
-        raise SystemExit("torchao is not installed: pip install -e '.[dev]'") from None
+        if not args.quick:
+            raise SystemExit("torchao is not installed: pip install -e '.[dev]'") from None
+        torchao = False
 
     def torchao_nvfp4(x: torch.Tensor):
         """torchao's two-level NVFP4 with the per-tensor scale from the tensor's amax (timed with it)."""
         return nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().amax().float()))
+
+    def peer(fn, *arguments):
+        """torchao's ``fn(*arguments)`` to time, or None without torchao."""
+        return partial(fn, *arguments) if torchao else None
 
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -72,37 +85,33 @@ def main() -> None:
         copy = best_times({"copy": x.clone}, args.repeats)["copy"]
         copy_gbs = 2 * in_bytes / copy / 1e9
         for mode in ("floor", "rceil"):
-            ao_mode = ScaleCalculationMode.FLOOR if mode == "floor" else ScaleCalculationMode.RCEIL
+            ao_mode = (ScaleCalculationMode.FLOOR if mode == "floor" else ScaleCalculationMode.RCEIL) if torchao else None
             t = best_times(
                 {
                     "ours": partial(quantize_mx, x, "e4m3", 32, mode),
-                    "torchao": partial(to_mx, x, torch.float8_e4m3fn, 32, ao_mode),
+                    "torchao": peer(to_mx, x, torch.float8_e4m3fn, 32, ao_mode),
                 },
                 args.repeats,
             )
             rows.append(("mxfp8 quantize " + mode, dtype, t, in_bytes + n + n // 32, copy_gbs))
         q = quantize_mx(x)
-        ao_scale, ao_data = to_mx(x, torch.float8_e4m3fn, 32)
+        ao_scale, ao_data = to_mx(x, torch.float8_e4m3fn, 32) if torchao else (None, None)
         t = best_times(
             {
                 "ours": partial(dequantize_mx, q, dtype),
-                "torchao": partial(to_dtype, ao_data, ao_scale, torch.float8_e4m3fn, 32, dtype),
+                "torchao": peer(to_dtype, ao_data, ao_scale, torch.float8_e4m3fn, 32, dtype),
             },
             args.repeats,
         )
         rows.append(("mxfp8 dequantize", dtype, t, n + n // 32 + in_bytes, copy_gbs))
         t = best_times(
-            {"ours": partial(quantize_nvfp4, x, "tensor"), "torchao": partial(torchao_nvfp4, x)}, args.repeats
+            {"ours": partial(quantize_nvfp4, x, "tensor"), "torchao": peer(torchao_nvfp4, x)}, args.repeats
         )
         rows.append(("nvfp4 quantize tensor", dtype, t, in_bytes + n // 2 + n // 16, copy_gbs))
-        t = best_times({"ours": partial(quantize_nvfp4, x, "token")}, args.repeats) | {
-            "torchao": float("nan")
-        }
+        t = best_times({"ours": partial(quantize_nvfp4, x, "token"), "torchao": None}, args.repeats)
         rows.append(("nvfp4 quantize token", dtype, t, in_bytes + n // 2 + n // 16, copy_gbs))
         nq = quantize_nvfp4(x, "token")
-        t = best_times({"ours": partial(dequantize_nvfp4, nq, dtype)}, args.repeats) | {
-            "torchao": float("nan")
-        }
+        t = best_times({"ours": partial(dequantize_nvfp4, nq, dtype), "torchao": None}, args.repeats)
         rows.append(("nvfp4 dequantize token", dtype, t, n // 2 + n // 16 + in_bytes, copy_gbs))
 
     print(f"tensor {args.rows}x{args.cols}, torch threads {torch.get_num_threads()}, best of {args.repeats}")
@@ -128,8 +137,8 @@ def main() -> None:
                 "copy_gb_per_s": copy_gbs,
             }
         )
-    out = RESULTS / f"numerics_throughput_threads{torch.get_num_threads()}.json"
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = args.results_dir / f"numerics_throughput_threads{torch.get_num_threads()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
             {"rows": args.rows, "cols": args.cols, "threads": torch.get_num_threads(), "results": records},
