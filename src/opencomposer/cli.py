@@ -25,15 +25,11 @@ import typing
 from opencomposer.config.basecheck import BasecheckConfig
 from opencomposer.config.paths import MODEL_PATHS, PathRole
 
-BAD_INPUT_ERRORS = (
-    "opencomposer.bench.basecheck.common:BasecheckError",
-    "opencomposer.sandbox.venv:EnvironmentSpecError",
-    "opencomposer.tasks.format:TaskFormatError",
-    "opencomposer.tasks.generators.source:SourceError",
-    "opencomposer.tasks.mining:MiningError",
-)
+BAD_INPUT_ERRORS = {"BasecheckError", "EnvironmentSpecError", "MiningError", "SourceError", "TaskFormatError"}
 """The project's errors that mean bad input (a missing or malformed suite, repository, package),
-reported as one line and exit 2 like a ``ConfigError``; by import path, so that --help imports none."""
+reported as one line and exit 2 like a ``ConfigError``: ``bench.basecheck``, ``sandbox.venv``,
+``tasks.mining``, ``tasks.generators.source``, ``tasks.format``. Named, not imported, so that
+--help imports none of their modules."""
 
 RUN_DIR: dict[str, PathRole] = {"run.out_dir": "output_dir"}
 
@@ -293,19 +289,16 @@ def _check_paths(args: argparse.Namespace) -> str | None:
             if problem:
                 return f"{_command(args)}: {name} {value}: {problem}"
     if getattr(args, "recipe_paths", None):
-        from opencomposer.commands import load_recipe_or_packaged
         from opencomposer.config import load_recipe
 
-        config = load_recipe_or_packaged(args.recipe, args.overrides, args.packaged_recipe) \
-            if args.packaged_recipe else load_recipe(args.recipe, args.overrides)
-        check_recipe_paths(config, args.recipe_paths)
+        check_recipe_paths(load_recipe(args.recipe, args.overrides, args.packaged_recipe), args.recipe_paths)
     return None
 
 
-def _bad_input_errors() -> tuple[type[Exception], ...]:
-    """The classes of ``BAD_INPUT_ERRORS`` whose modules are loaded (one that is not raised nothing)."""
-    loaded = [path.split(":") for path in BAD_INPUT_ERRORS]
-    return tuple(getattr(sys.modules[module], name) for module, name in loaded if module in sys.modules)
+def _is_bad_input(error: Exception) -> bool:
+    """Whether ``error`` is, or derives from, one of the project's ``BAD_INPUT_ERRORS``."""
+    return any(cls.__name__ in BAD_INPUT_ERRORS and cls.__module__.startswith("opencomposer.")
+               for cls in type(error).__mro__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print("opencomposer: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        if not isinstance(e, _bad_input_errors()):
+        if not _is_bad_input(e):
             raise
         print(f"{_command(args)}: {e}", file=sys.stderr)
         return 2

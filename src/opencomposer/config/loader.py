@@ -15,6 +15,8 @@ import difflib
 import math
 import tomllib
 import typing
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,20 +24,38 @@ from opencomposer.config.recipe import Config
 from opencomposer.config.section import ConfigError, Section, field_types, is_section, show
 
 
-def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a TOML recipe (or the defaults when ``path`` is None) and apply dotted overrides."""
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None,
+                packaged: str | None = None) -> Config:
+    """Read a TOML recipe and apply dotted overrides. Without ``path``, the recipe named ``packaged``
+    that ships inside the package (``opencomposer/recipes/``), or else the defaults."""
     data: dict[str, Any] = {}
-    if path is not None:
+    if path is None and packaged is not None:
+        data = _parse(packaged, packaged_recipe(packaged).read_text())
+    elif path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"recipe not found: {path}")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        data = _parse(str(path), path.read_text())
     for item in overrides or []:
         apply_override(data, item)
     return from_dict(Config, data)
+
+
+def packaged_recipe(name: str) -> Traversable:
+    """The recipe ``name`` shipped inside the package, found through ``importlib.resources`` so that
+    an installed wheel has it too, not only a source checkout."""
+    resource = resources.files("opencomposer") / "recipes" / name
+    if not resource.is_file():
+        shipped = sorted(r.name for r in (resources.files("opencomposer") / "recipes").iterdir())
+        raise ConfigError(f"no packaged recipe {name!r}; opencomposer/recipes/ holds {', '.join(shipped) or 'none'}")
+    return resource
+
+
+def _parse(name: str, text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{name}: not valid TOML: {e}") from None
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
