@@ -16,6 +16,7 @@ tokens per second, and the speed of ``packed`` over each of the others.
 
     .venv/bin/python benchmarks/packing.py                       # tiny MoE, both mixes
     .venv/bin/python benchmarks/packing.py --model smollm2-shape --rows 8 --steps 2
+    .venv/bin/python benchmarks/packing.py --quick               # three rows of the harness mix, one step
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import statistics
 import time
 from pathlib import Path
 
+import _quick
 import numpy as np
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+QUICK = {"rows": 3, "prefix": 64, "steps": 1, "mix": "harness"}
 LAYOUTS = ("padded+prefix", "padded", "packed")
 
 
@@ -45,8 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-tokens", type=int, default=8192, help="rl.micro_batch_tokens (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per layout (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS / "packing.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/packing.json)")
+    args = _quick.parse_args(parser, QUICK, argv)
+    if args.out is None or args.quick:
+        args.out = args.results_dir / "packing.json"
     if not 64 <= args.pack_tokens <= args.micro_batch_tokens:
         parser.error("--pack-tokens must be between 64 and --micro-batch-tokens")
     return args
