@@ -37,7 +37,7 @@ from opencomposer.distributed.context import (
     split_batch,
     split_sequence,
 )
-from tests.distributed.ranks import spawn_ranks
+from tests.distributed.ranks import run_world
 
 BATCH, SEQ, VOCAB, CP = 2, 32, 128, 2
 CHUNK = SEQ // (2 * CP)
@@ -158,71 +158,64 @@ def step_loss(logits, batch, count, mtp_loss):
     return (ce * batch["mask"].flatten()).sum() / count + mtp_loss
 
 
-def _rank(rank: int, port: int, folder: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=CP)
-    try:
-        torch.set_num_threads(1)
-        from opencomposer.distributed.context import (
-            cp_forward,
-            cp_mtp_distillation_loss,
-            gather_sequence,
-            global_count,
-            shift_left,
-        )
-        from opencomposer.model.routing import RouterReplay
-        from opencomposer.training.forward import cp_token_logprobs
+def cp_step(rank: int, folder: str) -> dict:
+    """Every scenario on this rank's chunks (module doc); what it gathered (the test reads rank 0's)."""
+    from opencomposer.distributed.context import (
+        cp_forward,
+        cp_mtp_distillation_loss,
+        gather_sequence,
+        global_count,
+        shift_left,
+    )
+    from opencomposer.model.routing import RouterReplay
+    from opencomposer.training.forward import cp_token_logprobs
 
-        with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
-            state, batch = pickle.load(f)
-        # built here, not unpickled: transformers registers what a model class can output (hidden
-        # states) when one is constructed in the process, and an unpickled model returns none
-        model = tiny_model()
-        model.load_state_dict(state)
-        out: dict = {}
-        with torch.no_grad():
-            out["plain_logits"] = gather_sequence(cp_forward(model, batch["ids"], batch["positions"]).logits)
-        assert model.config._attn_implementation == "sdpa"  # restored after the CP forward
-        with torch.no_grad():
-            logprobs, entropy = cp_token_logprobs(model, train_batch(batch), replay=RouterReplay(model),
-                                                  temperature=0.7, top_p=0.9)
-        out["token_logprobs"] = gather_sequence(logprobs)
-        out["entropy"] = gather_sequence(entropy)
-        local = {name: split_sequence(value, CP, rank) for name, value in batch.items()}
-        out["local_ids"] = gather_parts(local["ids"])
-        out["local_targets"] = gather_parts(local["targets"])
-        out["shifted_3"] = gather_sequence(shift_left(local["ids"], 3, fill=-1))
-        out["shifted_8"] = gather_sequence(shift_left(local["ids"], CHUNK, fill=-1))
+    with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
+        state, batch = pickle.load(f)
+    # built here, not unpickled: transformers registers what a model class can output (hidden
+    # states) when one is constructed in the process, and an unpickled model returns none
+    model = tiny_model()
+    model.load_state_dict(state)
+    out: dict = {}
+    with torch.no_grad():
+        out["plain_logits"] = gather_sequence(cp_forward(model, batch["ids"], batch["positions"]).logits)
+    assert model.config._attn_implementation == "sdpa"  # restored after the CP forward
+    with torch.no_grad():
+        logprobs, entropy = cp_token_logprobs(model, train_batch(batch), replay=RouterReplay(model),
+                                              temperature=0.7, top_p=0.9)
+    out["token_logprobs"] = gather_sequence(logprobs)
+    out["entropy"] = gather_sequence(entropy)
+    local = {name: split_sequence(value, CP, rank) for name, value in batch.items()}
+    out["local_ids"] = gather_parts(local["ids"])
+    out["local_targets"] = gather_parts(local["targets"])
+    out["shifted_3"] = gather_sequence(shift_left(local["ids"], 3, fill=-1))
+    out["shifted_8"] = gather_sequence(shift_left(local["ids"], CHUNK, fill=-1))
 
-        replay = RouterReplay(model)
-        forward = cp_forward(model, batch["ids"], batch["positions"], routes=batch["routes"], replay=replay,
-                             hidden=True)
-        mtp, out["mtp_metrics"] = cp_mtp_distillation_loss(model, forward.logits, forward.hidden_states[-1],
-                                                           batch["ids"], batch["positions"], targets=batch["mask"])
-        count = global_count(int(local["mask"].sum())).float()
-        loss = step_loss(forward.logits, local, count, mtp)
-        loss.backward()
-        total = loss.detach().clone()
-        torch.distributed.all_reduce(total)
-        out["loss"] = float(total)
-        out["replay_logits"] = gather_sequence(forward.logits.detach())
-        replayed = replay.stats.replayed.clone()
-        torch.distributed.all_reduce(replayed)
-        out["replayed"] = replayed.tolist()
-        grads = {}
-        for name, p in model.named_parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            torch.distributed.all_reduce(p.grad)
-            grads[name] = p.grad.clone()
-        out["grads"] = grads
-        torch.optim.Adam(model.parameters(), lr=LR).step()
-        out["weights"] = {k: v.clone() for k, v in model.state_dict().items()}
-        if rank == 0:
-            with open(os.path.join(folder, "out.pkl"), "wb") as f:
-                pickle.dump(out, f)
-    finally:
-        torch.distributed.destroy_process_group()
+    replay = RouterReplay(model)
+    forward = cp_forward(model, batch["ids"], batch["positions"], routes=batch["routes"], replay=replay,
+                         hidden=True)
+    mtp, out["mtp_metrics"] = cp_mtp_distillation_loss(model, forward.logits, forward.hidden_states[-1],
+                                                       batch["ids"], batch["positions"], targets=batch["mask"])
+    count = global_count(int(local["mask"].sum())).float()
+    loss = step_loss(forward.logits, local, count, mtp)
+    loss.backward()
+    total = loss.detach().clone()
+    torch.distributed.all_reduce(total)
+    out["loss"] = float(total)
+    out["replay_logits"] = gather_sequence(forward.logits.detach())
+    replayed = replay.stats.replayed.clone()
+    torch.distributed.all_reduce(replayed)
+    out["replayed"] = replayed.tolist()
+    grads = {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad)
+        grads[name] = p.grad.clone()
+    out["grads"] = grads
+    torch.optim.Adam(model.parameters(), lr=LR).step()
+    out["weights"] = {k: v.clone() for k, v in model.state_dict().items()}
+    return out
 
 
 def gather_parts(local: torch.Tensor) -> list[torch.Tensor]:
@@ -239,8 +232,7 @@ def test_context_parallel_forward_backward_and_adam_step_equal_one_process(tmp_p
     model, batch = tiny_model(), make_batch()
     with open(tmp_path / "inputs.pkl", "wb") as f:
         pickle.dump((model.state_dict(), batch), f)
-    spawn_ranks(_rank, CP, str(tmp_path))
-    out = pickle.loads((tmp_path / "out.pkl").read_bytes())
+    out = run_world([cp_step], CP, tmp_path)["cp_step"][0]
 
     # targets shifted on the whole rows: rank 0's chunk 0 ends at position 7, scored against the token
     # at position 8, the first of chunk 1, which rank 1 holds

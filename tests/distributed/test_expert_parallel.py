@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.distributed.ranks import spawn_ranks
+from tests.distributed.ranks import run_world
 
 BATCH, SEQ, VOCAB, RANKS = 4, 8, 128, 2
 LR = 1e-2
@@ -108,46 +108,40 @@ def autocast_dispatch(rank: int, shard_experts) -> list[str]:
     return sent
 
 
-def _rank(rank: int, port: int, folder: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=RANKS)
-    try:
-        torch.set_num_threads(1)
-        from opencomposer.distributed.expert import (
-            expert_parameters,
-            full_state_dict,
-            gather_experts,
-            shard_experts,
-            sync_gradients,
-        )
+def ep_step(rank: int, folder: str) -> dict:
+    """This rank's half of every scenario (module doc)."""
+    from opencomposer.distributed.expert import (
+        expert_parameters,
+        full_state_dict,
+        gather_experts,
+        shard_experts,
+        sync_gradients,
+    )
 
-        with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
-            built, ids, routes = pickle.load(f)
-        rows = slice(rank * BATCH // RANKS, (rank + 1) * BATCH // RANKS)
-        out: dict = {}
-        for kind in KINDS:
-            model = built[kind]
-            replaced = shard_experts(model)
-            local = {name: tuple(p.shape) for name, p in expert_parameters(model)}
-            logits, loss, grads = step(model, ids[rows], routes[rows] if kind == "replay" else None,
-                                       sync=sync_gradients)
-            experts = {name for name, _ in expert_parameters(model)}
-            for name, p in model.named_parameters():
-                if name in experts:
-                    grads[name] = gather_experts(p.grad)
-            total = loss.clone()
-            torch.distributed.all_reduce(total)
-            out[kind] = {"replaced": replaced, "local": local, "logits": logits, "loss": float(total),
-                         "grads": grads, "weights": full_state_dict(model)}
-        out["autocast_sent"] = autocast_dispatch(rank, shard_experts)
-        try:
-            shard_experts(tiny_qwen(0, experts=3))
-        except ValueError as error:
-            out["refused"] = str(error)
-        with open(os.path.join(folder, f"out{rank}.pkl"), "wb") as f:
-            pickle.dump(out, f)
-    finally:
-        torch.distributed.destroy_process_group()
+    with open(os.path.join(folder, "inputs.pkl"), "rb") as f:
+        built, ids, routes = pickle.load(f)
+    rows = slice(rank * BATCH // RANKS, (rank + 1) * BATCH // RANKS)
+    out: dict = {}
+    for kind in KINDS:
+        model = built[kind]
+        replaced = shard_experts(model)
+        local = {name: tuple(p.shape) for name, p in expert_parameters(model)}
+        logits, loss, grads = step(model, ids[rows], routes[rows] if kind == "replay" else None,
+                                   sync=sync_gradients)
+        experts = {name for name, _ in expert_parameters(model)}
+        for name, p in model.named_parameters():
+            if name in experts:
+                grads[name] = gather_experts(p.grad)
+        total = loss.clone()
+        torch.distributed.all_reduce(total)
+        out[kind] = {"replaced": replaced, "local": local, "logits": logits, "loss": float(total),
+                     "grads": grads, "weights": full_state_dict(model)}
+    out["autocast_sent"] = autocast_dispatch(rank, shard_experts)
+    try:
+        shard_experts(tiny_qwen(0, experts=3))
+    except ValueError as error:
+        out["refused"] = str(error)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +155,7 @@ def runs(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        spawn_ranks(_rank, RANKS, str(folder))
+        ranks = run_world([ep_step], RANKS, folder)["ep_step"]
         single = {}
         for kind in KINDS:
             model = copy.deepcopy(built[kind])
@@ -170,7 +164,6 @@ def runs(tmp_path_factory):
                             "weights": {k: v.detach() for k, v in model.state_dict().items()}}
     finally:
         torch.set_num_threads(threads)
-    ranks = [pickle.loads((folder / f"out{r}.pkl").read_bytes()) for r in range(RANKS)]
     return single, ranks
 
 
