@@ -29,6 +29,7 @@ instead of the wall clock, for one-thread runs on a machine other work shares.
 
     .venv/bin/python benchmarks/prefix_cache.py [--models tiny_moe,smollm2] [--context 2500] [--turns 4]
                                                [--repeats 3] [--threads N] [--clock wall|cpu] [--device cpu|cuda]
+    .venv/bin/python benchmarks/prefix_cache.py --quick    # the tiny MoE, one short turn
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 import opencomposer
 from opencomposer.agent.context import SUMMARY_REQUEST
@@ -50,7 +52,8 @@ from opencomposer.inference import LocalEngine, SamplingParams
 from opencomposer.inference.invariant import InvariantDecoder
 from opencomposer.types import Message
 
-RESULTS = Path(__file__).parent / "results" / "prefix_cache.json"
+QUICK = {"models": "tiny_moe", "context": 200, "turns": 1, "new_tokens": 4, "tool_tokens": 30, "summary_tokens": 4,
+         "repeats": 1}
 SOURCE = Path(opencomposer.__file__).parent
 CONTEXT_FILE = SOURCE / "inference" / "local.py"  # the file the task hands the agent
 TOOL_FILES = [SOURCE / "inference" / name for name in ("batching.py", "invariant.py", "decoders.py", "sampling.py")]
@@ -192,21 +195,24 @@ def bench(kind: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="tiny_moe,smollm2")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny_moe,smollm2", help="comma list of model kinds (smollm2 if cached)")
     parser.add_argument("--context", type=int, default=2500, help="tokens of the first prompt (about)")
     parser.add_argument("--turns", type=int, default=4, help="model turns before the summary request")
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens sampled per turn")
     parser.add_argument("--tool-tokens", type=int, default=150, help="tokens of each tool output")
     parser.add_argument("--summary-tokens", type=int, default=32, help="tokens of the summary call")
     parser.add_argument("--cache-tokens", type=int, default=16384, help="the engine's prefix_cache_tokens")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="chains per model and cache setting")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="wall clock, or the process's CPU time (one thread, shared machine)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=str(RESULTS))
-    args = parser.parse_args()
+    parser.add_argument("--out", help="results JSON (default: benchmarks/results/prefix_cache.json)")
+    args = parse_args(parser, QUICK)
+    if args.out is None or args.quick:
+        args.out = str(args.results_dir / "prefix_cache.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     global clock
@@ -239,7 +245,8 @@ def main() -> None:
             print(f"{r['model']}: repeat {d['repeat']}, call {d['call']}, token {d['token']}: the chains sampled "
                   f"different tokens (logprob {d['logprob_off']:.3f} without the cache, {d['logprob_on']:.3f} with)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "torch_threads": torch.get_num_threads(),
+    Path(args.out).write_text(json.dumps({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                                          "torch_threads": torch.get_num_threads(),
                                           "results": results}, indent=1))
 
 
