@@ -48,12 +48,12 @@ demo: setup
 # pyproject's addopts leave out slow and gpu tests; test-all's -m replaces that selection. Two
 # pytest-xdist workers, each given whole files (a file's module fixtures are built once), one per
 # core; the fifteen slowest tests are listed at the end.
-XDIST := -n 2 --dist loadfile --durations=15
+TEST_FLAGS := -n 2 --dist loadfile --durations=15
 test: setup
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(TEST_FLAGS)
 
 test-all: setup
-	$(PY) -m pytest -q $(XDIST) -m "not gpu"
+	$(PY) -m pytest -q $(TEST_FLAGS) -m "not gpu"
 
 # The benchmarks compare with peers the tests do not need (TRL): the `bench` extra, on top of dev.
 BENCH_STAMP := $(VENV)/.installed-bench
