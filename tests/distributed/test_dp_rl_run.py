@@ -14,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.bwrap]
+# the data-parallel run is the default selection's world-size-2 RL run; the other layouts, the
+# async run on two ranks and the sharded resume are slow (their pieces have tests of their own:
+# tests/distributed/test_dp_rl_step.py for every layout's step, tests/services for async)
+pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
+SLOW = pytest.mark.slow
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "rl-tiny.toml"
 SHRUNK = ["model.path=", "rl.steps=2", "rl.batch_tasks=2", "rl.group_size=4", "rl.eval_every=0",
@@ -40,8 +44,9 @@ def single(tmp_path_factory) -> Path:
     return run(tmp_path_factory.mktemp("single"), 1)
 
 
-@pytest.mark.parametrize(("cp", "extra"), [(1, ()), (2, ()), (1, ("parallel.ep=2",)),
-                                           (1, ("parallel.ep=2", "parallel.ep_fsdp=true"))],
+@pytest.mark.parametrize(("cp", "extra"), [(1, ()), pytest.param(2, (), marks=SLOW),
+                                           pytest.param(1, ("parallel.ep=2",), marks=SLOW),
+                                           pytest.param(1, ("parallel.ep=2", "parallel.ep_fsdp=true"), marks=SLOW)],
                          ids=["data", "context", "expert", "expert-fsdp"])
 def test_an_rl_run_at_world_size_2_equals_world_size_1(single: Path, tmp_path: Path, cp: int, extra: tuple):
     from safetensors.torch import load_file
@@ -55,6 +60,7 @@ def test_an_rl_run_at_world_size_2_equals_world_size_1(single: Path, tmp_path: P
     assert record[0] == record[1] and len(record[0]) == 4
 
 
+@SLOW
 @pytest.mark.parametrize("cp", [1, 2])
 def test_an_async_run_at_world_size_2_equals_the_synchronous_single_process(single: Path, tmp_path: Path, cp: int):
     from safetensors.torch import load_file
@@ -68,6 +74,7 @@ def test_an_async_run_at_world_size_2_equals_the_synchronous_single_process(sing
     assert json.loads((two / "summary.json").read_text())["mode"] == "async"
 
 
+@SLOW
 def test_a_sharded_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path):
     """``trainer.optimizer_checkpoint = "sharded"``: two ranks write Adam's state shard by shard;
     one process resumes from it (the format read is the checkpoint's) and trains a third step as a

@@ -53,8 +53,9 @@ inference actor's ``placement()`` says where it landed (logged at start).
 
 **Lifetime.** ``RayServices(run)`` joins ``services.ray_address`` or, when empty, starts a local
 cluster (``services.ray_num_cpus`` CPUs, no dashboard, actor logs kept out of the driver's
-output); ``shutdown()`` kills every actor it made, waits for the Ray calls that other threads
-have in flight (``RayGate``), and stops Ray only if it started it.
+output); ``shutdown()``, once the driver's dispatchers have stopped and closed their workers,
+kills every actor it made, newest first, waits for the Ray calls that other threads have in flight
+(``RayGate``), and stops Ray only if it started it: a normal run ends without a traceback.
 """
 
 from __future__ import annotations
@@ -336,7 +337,10 @@ class RemoteEpisodeWorker:
         with self.gate.open() as up:
             if up:
                 ray.kill(self.actor, no_restart=True)
-                self.inference.actor.close_owner.remote(owner(self.worker_id))
+                try:  # awaited: an unread call to an actor killed meanwhile is printed as an unhandled error
+                    ray.get(self.inference.actor.close_owner.remote(owner(self.worker_id)), timeout=self.timeout_s)
+                except RayError:
+                    pass  # the inference actor is gone or restarting: its sessions went with it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,11 +506,14 @@ class RayServices:
         return self.inference.restarts
 
     def shutdown(self) -> None:
-        """Kill every actor; stop Ray if ``__init__`` started it, once no other thread is calling it."""
+        """Kill every actor, newest first (the episode workers before the inference actor they
+        call), and stop Ray if ``__init__`` started it, once no other thread is calling it. The
+        driver stops its dispatchers first (``AsyncRollouts.close``), so a normal run ends with no
+        call in flight and nothing printed."""
         with self._lock:
             self.gate.close()
             actors = list(self._actors)
-        for actor in actors:
+        for actor in reversed(actors):
             ray.kill(actor, no_restart=True)
         if not self.gate.drain(timeout=30.0):
             log.warning("Ray calls of the episode dispatchers still running 30 s after shutdown began")
