@@ -1,5 +1,5 @@
 """``[services]``: how ``opencomposer rl`` with ``rl.mode = "async"`` runs its four services
-(inference, environments, trainer, evaluation; ``opencomposer.services``, docs/services.md)."""
+(inference, episode workers, trainer, evaluation; ``opencomposer.services``, docs/services.md)."""
 
 from __future__ import annotations
 
@@ -15,24 +15,25 @@ class ServicesConfig(Section):
 
     backend: Literal["embedded", "ray"] = "embedded"
     """``embedded``: the services are threads of one process (the default; a laptop). ``ray``:
-    inference, environment workers and evaluation are Ray actors and ready groups travel through
+    inference, episode workers and evaluation are Ray actors and ready groups travel through
     the object store; the trainer is the driver (``services.ray_backend``; the ``ray`` extra)."""
     inference_process: bool = False
     """Embedded backend: run the inference service in a child process of its own
-    (``services.inference_process``) instead of a thread beside the trainer; the environment
+    (``services.inference_process``) instead of a thread beside the trainer; the episode
     workers stay threads. It isolates the sampler (its memory, a crash); throughput on two cores
     is the same (docs/LOG.md). The child samples on CPU, as the Ray actor does. False keeps
     everything in one process. The Ray backend always runs inference in an actor."""
     trainer_cpus: list[int] = field(default_factory=list)
     """CPUs kept for the trainer (``os.sched_setaffinity``, Linux): the trainer's thread runs on
-    these, and the environment workers with their sandboxes, the inference service (thread or
+    these, and the episode workers with their sandboxes, the inference service (thread or
     process) and the evaluation service on the others. On a machine with few cores where training
     is the slower side, it keeps them from taking the trainer's cores (docs/LOG.md). Meant for one
     torch thread per trainer CPU (``run.threads``). Empty (default): no pinning. Embedded backend."""
     env_workers: int = 0
-    """Environment workers: groups rolled out at once, each worker running the G episodes of one
-    task (sandbox, agent loop, grading). 0: ``rl.batch_tasks``, one step's worth. Where the
-    trainer shares a few cores with them, fewer leave it more (two cores: 2 beat 4, docs/LOG.md)."""
+    """Episode workers (``services.episodes``): groups rolled out at once, each worker running
+    the G episodes of one task (sandbox, agent loop, grading). 0: ``rl.batch_tasks``, one step's
+    worth. Where the trainer shares a few cores with them, fewer leave it more (two cores: 2 beat
+    4, docs/LOG.md)."""
     weight_store: str = ""
     """Where the trainer publishes every policy version (``services.weights.WeightStore``): a
     folder or any fsspec URL. Empty: ``{run}/weights``."""
@@ -49,10 +50,12 @@ class ServicesConfig(Section):
     are retried on another worker."""
     episode_timeout_s: float = 0.0
     """An episode running longer than this (wall clock, a hung sandbox) is abandoned as an
-    infrastructure failure and retried; 0: no limit beyond the task's own budgets."""
+    infrastructure failure and retried (both modes, as ``max_retries``); 0: no limit beyond the
+    task's own budgets."""
     max_retries: int = 2
     """Times an episode that ended in an infrastructure failure (worker died, sandbox hung, grader
-    crashed) is run again, same seed, before it stays unscored."""
+    crashed) is run again, same seed, before it stays unscored. Both modes: the synchronous one
+    rolls its groups out the same way (``rl.rollouts.rollout_group``)."""
     ray_address: str = ""
     """Ray cluster to join (``ray.init(address=...)``); empty starts a local one for the run."""
     ray_num_cpus: int = 0
