@@ -30,6 +30,7 @@ Models: the tiny Qwen3-MoE and tiny DeepSeek-V3 at their default sizes, pretrain
 makes every rounding difference a flip and overstates the mismatch).
 
     .venv/bin/python benchmarks/router_replay.py [--steps 150 --stale-steps 1 --stale-lr 1e-3 --prompts 16 --samples 4 --tokens 48]
+    .venv/bin/python benchmarks/router_replay.py --quick
 
 Results are printed and written to benchmarks/results/router_replay.json.
 """
@@ -44,9 +45,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _quick import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "router_replay.json"
+QUICK = {"steps": 2, "prompts": 2, "prompt_tokens": 16, "samples": 2, "tokens": 4, "corpus_files": 60}
 
 
 def pretrained(kind: str, tokenizer, corpus, steps: int, stale_steps: int, stale_lr: float, seed: int):
@@ -147,11 +149,12 @@ def _shown(path: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=150, help="pretraining steps per model")
     parser.add_argument("--stale-steps", type=int, default=1, help="Adam steps the stale sampler is behind")
     parser.add_argument("--stale-lr", type=float, default=1e-3, help="learning rate of those steps")
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=16, help="prompts cut from the held-out code")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
     parser.add_argument("--tokens", type=int, default=48, help="tokens sampled per completion")
@@ -160,8 +163,11 @@ def main() -> None:
                         help="further thresholds of the filter, reported as filtered@T")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", nargs="+", default=["tiny_moe", "tiny_deepseek_v3"])
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--corpus-files", type=int, default=1500, help="source files of the pretraining corpus")
+    parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/router_replay.json)")
+    args = parse_args(parser, QUICK)
+    if args.out is None or args.quick:
+        args.out = args.results_dir / "router_replay.json"
 
     from opencomposer.config import CorpusConfig
     from opencomposer.model.corpus import build_corpus
@@ -169,10 +175,10 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     tokenizer = default_tokenizer()
-    corpus = build_corpus(CorpusConfig(max_files=1500))
+    corpus = build_corpus(CorpusConfig(max_files=args.corpus_files))
     prompts = prompts_from(corpus, tokenizer, args.prompts, args.prompt_tokens)
     pad_id = int(tokenizer.pad_token_id)
-    results = {"args": {k: _shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    results = {"args": {k: _shown(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "results_dir"},
                "torch_threads": torch.get_num_threads(), "models": {}}
     for kind in args.kinds:
         started = time.perf_counter()

@@ -19,6 +19,10 @@ the loop reports them; results and a plot go to ``benchmarks/results/router_repl
                                                     [--modes off replay filtered] [--set KEY=VALUE ...]
 
 Runs are cached under ``~/.cache/opencomposer/router-replay-rl`` and resume after a crash.
+``--quick`` runs ``off`` and ``replay`` for two tiny steps each from a randomly initialised tiny MoE
+(no SFT checkpoint needed), runs and results in a temporary folder.
+
+    .venv/bin/python benchmarks/router_replay_rl.py --quick
 """
 
 from __future__ import annotations
@@ -31,24 +35,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _quick import parse_args  # noqa: E402
 from loss_predicts_rl import log, mean, run_rl_stage  # noqa: E402  (a sibling benchmark script)
 
 from opencomposer.io import cache_dir  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "router_replay_rl.json"
 DEFAULT_SFT = cache_dir() / "loss-predicts-rl" / "pretrain-01800" / "sft"
+QUICK = {"modes": ["off", "replay"], "overrides": [
+    "rl.steps=2", "rl.batch_tasks=1", "rl.group_size=2", "rl.lr_warmup_steps=1", "rl.eval_every=2",
+    "rl.eval_tasks=1", "rl.eval_samples=1", "rl.checkpoint_every=2", "sampling.max_new_tokens=16"]}
+
+
+def random_start(folder: Path) -> Path:
+    """A randomly initialised tiny MoE saved as a checkpoint: the quick run's start."""
+    from opencomposer.model.loading import load_model, save_checkpoint
+
+    model, tokenizer = load_model("tiny_moe", seed=0)
+    return save_checkpoint(model, tokenizer, folder)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft", type=Path, default=DEFAULT_SFT, help="the SFT checkpoint RL starts from")
     parser.add_argument("--recipe", type=Path, default=Path(__file__).parents[1] / "recipes" / "quickstart.toml")
-    parser.add_argument("--gap", choices=["bf16", "none"], default="bf16")
-    parser.add_argument("--modes", nargs="+", default=["off", "replay", "filtered"])
+    parser.add_argument("--gap", choices=["bf16", "none"], default="bf16", help="the sampler/trainer gap (module doc)")
+    parser.add_argument("--modes", nargs="+", default=["off", "replay", "filtered"], help="rl.router_replay values")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted recipe override of every run (repeatable)")
+    parser.add_argument("--out", type=Path, help="results JSON; the plot goes beside it "
+                                                 "(default: benchmarks/results/router_replay_rl.json)")
+    args = parse_args(parser, QUICK, argv)
+    if args.out is None or args.quick:
+        args.out = args.results_dir / "router_replay_rl.json"
+    if args.quick:
+        args.sft = random_start(args.results_dir / "start")
     if not (args.sft / "config.json").is_file():
         raise SystemExit(f"{args.sft} is not a checkpoint folder; run benchmarks/loss_predicts_rl.py first "
                          "(its 1800-step budget) or pass --sft")
@@ -60,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     base = load_recipe(args.recipe, [f"run.seed={args.seed}", "run.threads=1", *args.overrides])
     _, rl_config = stage_configs(base, args.sft)
-    out_root = cache_dir() / "router-replay-rl"
+    out_root = args.results_dir / "runs" if args.quick else cache_dir() / "router-replay-rl"
     runs = {}
     for mode in args.modes:
         name = f"{args.gap}-seed{args.seed}-{mode}"
