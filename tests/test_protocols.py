@@ -21,8 +21,8 @@ from opencomposer.inference.local import LocalEngine
 from opencomposer.rl.rollouts import SyncRollouts
 from opencomposer.rl.trainer import Trainer
 from opencomposer.sandbox import Sandbox
-from opencomposer.services.episodes import EpisodeWorker
 from opencomposer.services.async_rl import AsyncRollouts
+from opencomposer.services.episodes import EpisodeWorker
 from opencomposer.services.evaluation import EvaluationService
 from opencomposer.services.inference import InferenceService, RemoteInference, RemoteSession, ServiceSession
 from opencomposer.services.inference_process import InferenceProcess

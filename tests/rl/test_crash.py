@@ -95,10 +95,10 @@ def test_sigkill_at_random_points_then_resume_trains_each_task_exactly_once(tmp_
         # checkpointing); every kill lands while the run still has steps to go
         for target in (0, 1, 2, 3):
             proc = launch(recipe, tmp_path / "runs", log)
-            wait_for(lambda: (run_dir / ".lock").exists() and progress(run_dir) >= target, proc)
+            wait_for(lambda t=target: (run_dir / ".lock").exists() and progress(run_dir) >= t, proc)
             before = progress(run_dir)
             deadline = time.monotonic() + rng.uniform(0.0, 3.0)  # a random point, at the latest the next step's log
-            wait_for(lambda: time.monotonic() >= deadline or progress(run_dir) > before, proc)
+            wait_for(lambda d=deadline, b=before: time.monotonic() >= d or progress(run_dir) > b, proc)
             assert proc.poll() is None, log_path.read_text()[-3000:]
             proc.send_signal(signal.SIGKILL)
             kills.append((target, progress(run_dir)))
