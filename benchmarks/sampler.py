@@ -13,6 +13,7 @@ instead of the wall clock, for one-thread runs on a machine other work shares.
 
     python benchmarks/sampler.py [--repeats 3] [--models tiny_moe,smollm2] [--prompts chat,agent] [--threads N]
                                  [--clock wall|cpu]
+    python benchmarks/sampler.py --quick    # the tiny MoE, chat prompts, 2 samples x 4 tokens
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 from opencomposer.inference import LocalEngine, SamplingParams
 from opencomposer.model.loading import load_model
@@ -34,16 +36,16 @@ PROMPTS = [
     "Refactor this loop into a list comprehension:\nresult = []\nfor item in items:\n    if item.ok:\n        result.append(item.value)",
     "Add type hints to: def merge(a, b): return {**a, **b}",
 ]
-PROMPTS_PER_RUN, SAMPLES, NEW_TOKENS = 4, 8, 128
+QUICK = {"repeats": 1, "models": "tiny_moe", "prompts": "chat", "samples": 2, "new_tokens": 4}
 
 
-def ours(engine: LocalEngine, prompts: list[list[int]], seed: int) -> int:
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=seed, ignore_eos=True)
-    out = engine.generate(prompts, params, n=SAMPLES)
+def ours(engine: LocalEngine, prompts: list[list[int]], seed: int, samples: int, new_tokens: int) -> int:
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=seed, ignore_eos=True)
+    out = engine.generate(prompts, params, n=samples)
     return sum(len(c.token_ids) for c in out)
 
 
-def theirs(model, tokenizer, prompts: list[list[int]], seed: int, pad_id: int) -> int:
+def theirs(model, prompts: list[list[int]], seed: int, pad_id: int, samples: int, new_tokens: int) -> int:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id)
     mask = torch.zeros_like(ids)
@@ -53,7 +55,7 @@ def theirs(model, tokenizer, prompts: list[list[int]], seed: int, pad_id: int) -
     torch.manual_seed(seed)
     out = model.generate(
         input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-        num_return_sequences=SAMPLES, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=pad_id,
+        num_return_sequences=samples, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id,
     )
     return (out.shape[1] - width) * out.shape[0]
 
@@ -71,21 +73,21 @@ def prompt_ids(tokenizer, style: str) -> list[list[int]]:
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
-def bench(kind: str, style: str, repeats: int, clock=time.perf_counter) -> dict:
+def bench(kind: str, style: str, args: argparse.Namespace, clock=time.perf_counter) -> dict:
     model, tokenizer = load_model(kind)
     prompts = prompt_ids(tokenizer, style)
     engine = LocalEngine(model, tokenizer)
     fast = LocalEngine(model, tokenizer, batch_invariant=False)
     sides = {
-        "ours": lambda seed: ours(engine, prompts, seed),
-        "fast": lambda seed: ours(fast, prompts, seed),
-        "transformers": lambda seed: theirs(model, tokenizer, prompts, seed, engine.pad_id),
+        "ours": lambda seed: ours(engine, prompts, seed, args.samples, args.new_tokens),
+        "fast": lambda seed: ours(fast, prompts, seed, args.samples, args.new_tokens),
+        "transformers": lambda seed: theirs(model, prompts, seed, engine.pad_id, args.samples, args.new_tokens),
     }
     rows = {name: [] for name in sides}
     with torch.inference_mode():
         for run in sides.values():  # warm-up
             run(0)
-        for r in range(repeats):
+        for r in range(args.repeats):
             for name, run in sides.items():
                 t = clock()
                 n = run(r)
@@ -96,24 +98,29 @@ def bench(kind: str, style: str, repeats: int, clock=time.perf_counter) -> dict:
     result["model"] = kind
     result["prompts"] = style
     result["prompt_tokens"] = [len(p) for p in prompts]
-    result["tokens_per_run"] = PROMPTS_PER_RUN * SAMPLES * NEW_TOKENS
+    result["tokens_per_run"] = len(prompts) * args.samples * args.new_tokens
     return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--models", default="tiny_moe,smollm2")
-    parser.add_argument("--prompts", default="chat,agent")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported)")
+    parser.add_argument("--models", default="tiny_moe,smollm2", help="comma list of model kinds")
+    parser.add_argument("--prompts", default="chat,agent", help="comma list of prompt sets: chat, agent")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens per sample (EOS ignored)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0: torch default)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall clock, or the process's CPU time (one thread, shared machine)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", help="results JSON (default: benchmarks/results/sampler.json)")
+    args = parse_args(parser, QUICK)
+    if args.out is None or args.quick:
+        args.out = str(args.results_dir / "sampler.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    results = [bench(kind, style, args.repeats, clock) for kind in args.models.split(",")
+    results = [bench(kind, style, args, clock) for kind in args.models.split(",")
                for style in args.prompts.split(",")]
     print(f"{'model':<10} {'prompts':<8} {'prompt tokens':>14} {'LocalEngine tok/s':>18} {'fast path tok/s':>16} "
           f"{'inv/fast':>9} {'generate tok/s':>15} {'ratio':>7}")
