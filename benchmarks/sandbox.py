@@ -17,6 +17,7 @@
    step, so this is the sandbox's own overhead that matters there.
 
     .venv/bin/python benchmarks/sandbox.py [--runs 50 --tasks 40] [--only command] [--busy 1]
+    .venv/bin/python benchmarks/sandbox.py --quick   # every section, 2 runs and 2 tasks
 
 ``--only`` runs one section; ``--busy K`` keeps K processes spinning during the sections (the
 per-command cost is most sensitive to a loaded machine). Results are printed and written to
@@ -38,13 +39,15 @@ import time
 import warnings
 from pathlib import Path
 
+from _quick import parse_args
+
 from opencomposer.agent.policies.scripted import oracle_policy
 from opencomposer.bench.eval import run_eval
 from opencomposer.config import Config, SandboxConfig
 from opencomposer.sandbox.workspace import Sandbox
 from opencomposer.tasks.importers import humaneval_problems, humaneval_task
 
-RESULTS = Path(__file__).parent / "results" / "sandbox.json"
+QUICK = {"runs": 2, "tasks": 2}
 REPO = Path(__file__).parents[1] / "tests" / "fixtures" / "tasks" / "fix-add" / "repo"
 
 
@@ -156,12 +159,13 @@ def throughput(count: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=50, help="repetitions of each start-up and per-command measurement")
     parser.add_argument("--tasks", type=int, default=40, help="HumanEval tasks per throughput run")
     parser.add_argument("--only", choices=("startup", "limits", "throughput", "command"), help="run this section only")
     parser.add_argument("--busy", type=int, default=0, help="processes kept spinning on the CPU while measuring")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     sections = [args.only] if args.only else ["startup", "limits", "throughput", "command"]
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} CPUs, load average {load:.2f} at start, {args.busy} spinning processes beside")
@@ -198,10 +202,11 @@ def main() -> None:
                   f"   Sandbox.run {cmd['command_sandbox_true_ms']:6.2f} ms"
                   f"   sandbox / raw bwrap {cmd['command_sandbox_vs_raw_bwrap']:.2f}x")
             results.update({**cmd, "command_busy": args.busy})
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    kept = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    RESULTS.write_text(json.dumps({**kept, **results}, indent=2) + "\n")
-    print(f"\nwritten to {RESULTS}")
+    out = args.results_dir / "sandbox.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    out.write_text(json.dumps({**kept, **results}, indent=2) + "\n")
+    print(f"\nwritten to {out}")
 
 
 if __name__ == "__main__":
