@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from collections import Counter
 from dataclasses import replace
@@ -57,14 +58,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted recipe override, e.g. --set rl.steps=24 (repeatable)")
     parser.add_argument("--out-dir", type=Path, default=None,
-                        help="work folder of the stages, reused by a rerun (default: runs/smollm2-bugs[-quick])")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="where smollm2_bugs.json / .png go (default: %(default)s)")
+                        help="work folder of the stages, reused by a rerun (default: runs/smollm2-bugs; with "
+                             "--quick, a temporary folder)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help=f"where smollm2_bugs.json / .png go (default: {RESULTS}; with --quick, a temporary "
+                             "folder)")
     parser.add_argument("--quick", action="store_true", help="every stage, shrunk: 8 demonstrations, 2 RL steps")
     parser.add_argument("--no-base", action="store_true", help="skip the base model's evaluation")
     args = parser.parse_args(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="opencomposer-quick-")) if args.quick else None
+    args.results = args.results or scratch or RESULTS
     if args.out_dir is None:
-        args.out_dir = Path("runs") / ("smollm2-bugs-quick" if args.quick else "smollm2-bugs")
+        args.out_dir = scratch / "work" if scratch else Path("runs") / "smollm2-bugs"
     args.out_dir = args.out_dir.resolve()
     return args
 
