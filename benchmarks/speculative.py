@@ -20,8 +20,10 @@ MTP module (arXiv 2412.19437, §5.4.3).
 
     .venv/bin/python benchmarks/speculative.py [--model smollm2|PATH] [--steps 300] [--batch 1,8]
                                               [--new-tokens 64] [--repeats 3] [--threads 2]
+    .venv/bin/python benchmarks/speculative.py --quick   # a random tiny MoE, a 2-step distillation, 4 tokens
 
-Results: ``benchmarks/results/speculative.json``.
+Results: ``benchmarks/results/speculative.json``. ``--quick`` distils on a 40-file corpus and keeps
+its run folder and results in a temporary folder.
 """
 
 from __future__ import annotations
@@ -34,21 +36,23 @@ import time
 from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 from opencomposer.config import load_recipe
 from opencomposer.inference import LocalEngine, SamplingParams
 from opencomposer.io import cache_dir
 
-RESULTS = Path(__file__).parent / "results" / "speculative.json"
+QUICK = {"steps": 2, "seq_len": 32, "train_batch": 2, "prompts": 2, "prompt_tokens": 16, "new_tokens": 4, "batch": "1",
+         "repeats": 1, "corpus_files": 40}
 
 
-def distil(model: str, steps: int, seq_len: int, batch: int, lr: float, retrain: bool, threads: int) -> Path:
-    """The checkpoint with a distilled MTP layer (trained once per setting, then cached)."""
+def distil(model: str, steps: int, seq_len: int, batch: int, lr: float, retrain: bool, threads: int,
+           out: Path, corpus_files: int) -> Path:
+    """The checkpoint with a distilled MTP layer (trained once per setting under ``out``, then cached)."""
     from opencomposer.pretrain.phases import run_phases
 
     kind = ["model.kind=smollm2"] if model == "smollm2" else ["model.kind=hf", f"model.path={model}"]
     tag = f"{Path(model).name}-s{steps}-l{seq_len}-b{batch}-lr{lr:g}"
-    out = cache_dir() / "benchmarks" / "speculative"
     checkpoint = out / tag / "checkpoint"
     if checkpoint.is_dir() and not retrain:
         print(f"distilled MTP layer: cached at {checkpoint}")
@@ -57,7 +61,8 @@ def distil(model: str, steps: int, seq_len: int, batch: int, lr: float, retrain:
              f'lr={lr}, warmup_steps={max(1, steps // 20)}}}]')
     config = load_recipe(None, [*kind, "model.num_mtp_layers=1", f"run.out_dir={out}", f"run.name={tag}",
                                 f"run.threads={threads}", phase, f"pretrain.eval_every={max(1, steps // 4)}",
-                                "pretrain.eval_batches=2", "pretrain.checkpoint_every=25"])
+                                "pretrain.eval_batches=2", "pretrain.checkpoint_every=25",
+                                *([f"corpus.max_files={corpus_files}"] if corpus_files else [])])
     _, _, result = run_phases(config, probes=0)
     evals = [r for r in result.history if r["kind"] == "eval"]
     print(f"held-out greedy agreement of the draft: {evals[0].get('heldout_mtp_top1', float('nan')):.3f} -> "
@@ -65,12 +70,12 @@ def distil(model: str, steps: int, seq_len: int, batch: int, lr: float, retrain:
     return result.checkpoint
 
 
-def heldout_prompts(tokenizer, count: int, length: int) -> list[list[int]]:
+def heldout_prompts(tokenizer, count: int, length: int, corpus_files: int) -> list[list[int]]:
     """The first ``length`` tokens of held-out code files of the default corpus (long enough ones)."""
     from opencomposer.config import CorpusConfig
     from opencomposer.model.corpus import build_corpus
 
-    corpus = build_corpus(CorpusConfig(), seed=0)
+    corpus = build_corpus(CorpusConfig(max_files=corpus_files) if corpus_files else CorpusConfig(), seed=0)
     prompts = []
     for f in corpus.heldout:
         ids = tokenizer(f.text, add_special_tokens=False)["input_ids"]
@@ -111,38 +116,49 @@ def measure(engine: LocalEngine, prompts: list[list[int]], params: SamplingParam
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", help="smollm2 or a checkpoint folder")
     parser.add_argument("--steps", type=int, default=300, help="distillation steps")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--retrain", action="store_true")
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--retrain", action="store_true", help="distil again even if the run folder is cached")
+    parser.add_argument("--corpus-files", type=int, default=0, help="cap the code corpus (0: the default corpus)")
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts decoded")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch", default="1,8", help="rows per generate call, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/speculative.json)")
+    args = parse_args(parser, QUICK)
+    if args.out is None:
+        args.out = args.results_dir / "speculative.json"
     torch.set_num_threads(args.threads)
 
-    from opencomposer.model.loading import load_model
+    from opencomposer.model.loading import load_model, save_checkpoint
 
-    checkpoint = distil(args.model, args.steps, args.seq_len, args.train_batch, args.lr, args.retrain, args.threads)
+    runs = cache_dir() / "benchmarks" / "speculative"
+    if args.quick:
+        runs = args.results_dir / "runs"
+        args.model = str(save_checkpoint(*load_model("tiny_moe", seed=0), args.results_dir / "tiny-moe"))
+    checkpoint = distil(args.model, args.steps, args.seq_len, args.train_batch, args.lr, args.retrain, args.threads,
+                        runs, args.corpus_files)
     model, tokenizer = load_model(checkpoint)
     engine = LocalEngine(model, tokenizer)
-    prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens)
+    prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens, args.corpus_files)
     rows = []
+    print(f"{'T':>3}  {'batch':>5}  {'plain tok/s':>11}  {'speculative tok/s':>17}  {'speed-up':>8}  {'acceptance':>10}  "
+          "identical (T=0)")
     for temperature in (0.0, 1.0):
         for batch in (int(b) for b in args.batch.split(",")):
             params = SamplingParams(max_new_tokens=args.new_tokens, temperature=temperature, ignore_eos=True, seed=0)
             row = measure(engine, prompts, params, batch, args.repeats)
             rows.append(row)
-            print(f"T={temperature:g} batch {batch:2d}: plain {row['plain_tokens_per_s']:7.1f} tok/s, speculative "
-                  f"{row['speculative_tokens_per_s']:7.1f} tok/s ({row['speedup']:.2f}x), acceptance "
-                  f"{row['acceptance']:.3f}" + (f", identical {row['greedy_identical']}" if temperature == 0 else ""))
+            print(f"{temperature:>3g}  {batch:>5d}  {row['plain_tokens_per_s']:>11.1f}  "
+                  f"{row['speculative_tokens_per_s']:>17.1f}  {row['speedup']:>7.2f}x  {row['acceptance']:>10.3f}  "
+                  f"{row.get('greedy_identical', '-')}", flush=True)
     result = {"model": args.model, "checkpoint": str(checkpoint), "distil_steps": args.steps,
               "prompts": len(prompts), "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
               "threads": args.threads, "repeats": args.repeats, "rows": rows}
