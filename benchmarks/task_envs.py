@@ -14,6 +14,7 @@ environments a mined history needs.
    ``--repo PATH``, the same count on the newest N commits of a real repository.
 
     .venv/bin/python benchmarks/task_envs.py [--repeats 3 --commits 200 --change-every 40 --repo .]
+    .venv/bin/python benchmarks/task_envs.py --quick    # one build each way, a 6-commit history
 
 Results are printed and written to benchmarks/results/task_envs.json.
 """
@@ -30,6 +31,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from _quick import parse_args
+
 from opencomposer.config import SandboxConfig
 from opencomposer.sandbox.venv import (
     REQUIREMENT_FILES,
@@ -40,7 +43,7 @@ from opencomposer.sandbox.venv import (
 )
 from opencomposer.tasks.mining import detect_environment
 
-RESULTS = Path(__file__).parent / "results" / "task_envs.json"
+QUICK = {"repeats": 1, "commits": 6, "change_every": 3}
 PYPROJECT = '[project]\nname = "calcpkg"\nversion = "0.1"\ndependencies = [{deps}]\n'
 
 
@@ -134,12 +137,13 @@ def distinct_environments(folder: Path, limit: int) -> dict[str, int | float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--commits", type=int, default=200)
-    parser.add_argument("--change-every", type=int, default=40)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="builds of each environment (median reported)")
+    parser.add_argument("--commits", type=int, default=200, help="commits of the synthetic history")
+    parser.add_argument("--change-every", type=int, default=40, help="commits between dependency changes")
     parser.add_argument("--repo", help="also count the environments of this repository's newest --commits commits")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     results: dict[str, object] = {"python": sys.version.split()[0]}
     with tempfile.TemporaryDirectory(prefix="bench-task-envs-") as tmp:
         root = Path(tmp)
@@ -152,10 +156,26 @@ def main() -> int:
     if args.repo:
         results["repository"] = {"path": str(Path(args.repo).resolve()),
                                  **distinct_environments(Path(args.repo), args.commits)}
-    print(json.dumps(results, indent=2))
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print_tables(results)
+    out = args.results_dir / "task_envs.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
+
+
+def print_tables(results: dict) -> None:
+    print(f"{'environment':<16}  {'cold s (median)':>15}  {'cold s (min)':>12}  {'cached ms':>9}")
+    for name in ("build_no_dependency", "build_one_dependency"):
+        row = results[name]
+        print(f"{name.removeprefix('build_').replace('_', ' '):<16}  {row['cold_s']:>15.3f}  {row['cold_min_s']:>12.3f}  "
+              f"{1000 * row['cached_s']:>9.1f}")
+    print(f"\n{'history':<16}  {'commits':>7}  {'with environment':>16}  {'distinct':>8}  {'resolve ms/commit':>17}")
+    for name in ("synthetic_history", "repository"):
+        if name in results:
+            row = results[name]
+            print(f"{name.replace('_', ' '):<16}  {row['commits']:>7}  {row['commits_with_environment']:>16}  "
+                  f"{row['distinct_environments']:>8}  {row['resolve_ms_per_commit']:>17.1f}")
 
 
 if __name__ == "__main__":
