@@ -159,13 +159,14 @@ def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokeniz
 
 
 def test_mtp_alone_is_refused_under_fsdp_before_training():
-    from opencomposer.config import ConfigError, load_recipe
-    from opencomposer.pretrain.phases import _check_world, plan_phases
+    from opencomposer.config import ConfigError, SFTConfig, load_recipe
+    from opencomposer.pretrain.phases import check_world
+    from opencomposer.pretrain.plan import plan_phases
 
-    plan = plan_phases(load_recipe(None, [phases(2)]).pretrain.phases)
+    plan, sft = plan_phases(load_recipe(None, [phases(2)]).pretrain.phases), SFTConfig()
     with pytest.raises(ConfigError, match="draft.*mtp.*alone.*FSDP"):
-        _check_world(plan, World(0, 2))
+        check_world(plan, World(0, 2), sft)
     with pytest.raises(ConfigError, match="draft.*mtp.*alone.*FSDP"):  # FSDP of the non-expert weights
-        _check_world(plan, World(0, 2, ep=2, ep_group=object(), ep_fsdp=True))
-    _check_world(plan, World(0, 2, ep=2, ep_group=object()))  # expert parallelism alone: fine
-    _check_world(plan, World(0, 1))  # one process: fine
+        check_world(plan, World(0, 2, ep=2, ep_group=object(), ep_fsdp=True), sft)
+    check_world(plan, World(0, 2, ep=2, ep_group=object()), sft)  # expert parallelism alone: fine
+    check_world(plan, World(0, 1), sft)  # one process: fine

@@ -3,8 +3,8 @@ at world size 2 (gloo, two CPU processes), with the rows split over the ranks (F
 positions split over them (``parallel.cp = 2``) or each MoE layer's experts split over them
 (``parallel.ep = 2``, in place of FSDP or with FSDP of the other weights, ``parallel.ep_fsdp``), give
 the same losses, gradient norms and weights as world size 1.
-The model's load-balancing loss is switched off: it is computed per rank (module doc of
-``pretrain.cpt``), the one term that is not the single-process one by design."""
+The model's load-balancing loss is switched off: it is computed per rank (``pretrain.losses``),
+the one term that is not the single-process one by design."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_
     history, weights = pickle.loads((tmp_path / "out.pkl").read_bytes())
 
     single = pretrain(model, tiny_tokenizer, files, [], PRETRAIN, progress=False)
-    assert len(history) == len(single.history) == 2
+    assert len(history) == len(single.history) == 2  # no held-out files: training rows only
     for got, want in zip(history, single.history, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)

@@ -70,10 +70,15 @@ def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, c
     assert len(history) == len(single.history) == SFT.steps
     for got, want in zip(history, single.history, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
-        assert got["tokens"] == want["tokens"]
-    moved = 0.0
+        assert got["sft_tokens"] == want["sft_tokens"]
+    # Adam divides by sqrt(v): an element whose gradient is rounding noise moves by up to lr either
+    # way, whichever rounding the reduction (and, under CP, the chunked attention) gave. So: nearly
+    # every element equal to float tolerance, none further than 2 lr a step.
+    moved, bound = 0.0, 2 * SFT.lr * SFT.steps
     for name, value in model.state_dict().items():
-        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-5, msg=name)
+        close = torch.isclose(weights[name], value, rtol=1e-4, atol=1e-5)
+        assert close.float().mean() > 0.99, (name, int((~close).sum()), close.numel())
+        assert (weights[name] - value).abs().max() <= bound, name
         moved = max(moved, float((value - start[name]).abs().max()))
     assert moved > 1e-3  # the steps changed the weights
 

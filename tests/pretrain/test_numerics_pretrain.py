@@ -22,10 +22,6 @@ def _corpus():
     return Corpus(train=files[:-2], heldout=files[-2:])
 
 
-def _first_loss(result) -> float:
-    return result.history[0]["loss"]
-
-
 def _assert_plain_checkpoint(folder: Path, trained: torch.nn.Module) -> None:
     from opencomposer.model.loading import load_model
     from opencomposer.numerics.convert import is_converted
@@ -50,8 +46,8 @@ def test_pretraining_trains_in_the_recipes_format(tmp_path: Path, tiny_tokenizer
         extra = [] if recipe == "bf16" else [f"numerics.recipe={recipe}", "numerics.quantize_linears=true"]
         config = load_recipe(None, [*common, *extra, f"run.out_dir={tmp_path}", f"run.name={recipe}"])
         model, _, result, checkpoint = run_pretraining(config, _corpus(), tiny_tokenizer, progress=False)
-        losses[recipe] = _first_loss(result)
-        assert all(torch.isfinite(torch.tensor(row["loss"])) for row in result.history)
+        losses[recipe] = result.first_loss
+        assert all(torch.isfinite(torch.tensor(row["loss"])) for row in result.history if row["kind"] == "train")
         _assert_plain_checkpoint(checkpoint, model)
         experts = [m for m in model.modules() if isinstance(m, QuantizedExperts)]
         linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
@@ -77,7 +73,7 @@ def test_sft_trains_in_the_recipes_format(tmp_path: Path):
     for recipe in ("bf16", "nvfp4_fwd_mxfp8_bwd"):
         config = load_recipe(None, [*common, f"numerics.recipe={recipe}", f"sft.out={tmp_path / recipe}"])
         model, _, result, out = run_sft(config, progress=False)
-        losses[recipe] = _first_loss(result)
+        losses[recipe] = result.first_loss
         _assert_plain_checkpoint(out, model)
         experts = [m for m in model.modules() if isinstance(m, QuantizedExperts)]
         assert len(experts) == (0 if recipe == "bf16" else 2)

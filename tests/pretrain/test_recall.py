@@ -15,11 +15,11 @@ import pytest
 
 from opencomposer.config import ConfigError, load_recipe
 from opencomposer.model.corpus import CodeFile, Corpus
-from opencomposer.pretrain.phases import PROBE_WORDS
 from opencomposer.pretrain.recall import (
     APPEND_ITEMS,
     APPEND_LABELS,
     APPEND_STEPS,
+    PROBE_WORDS,
     append_documents,
     copy_documents,
     identifiers,
@@ -186,7 +186,7 @@ def test_generated_sources_train_where_listed_and_stay_out_of_the_natural_mix(tm
 def test_the_append_probe_asks_for_the_marked_word_where_copying_says_stop(tiny_moe):
     """An append probe's answer is the word its ``key:`` line marks, at the place where the list
     it copies goes on with the closing quote: a model that only copies gets it wrong."""
-    from opencomposer.pretrain.phases import append_probe_documents, retrieval_probe
+    from opencomposer.pretrain.evaluation import append_probe_documents, retrieval_probe
 
     model, tiny_tokenizer = tiny_moe
     corpus = _corpus()
@@ -217,7 +217,7 @@ def test_the_append_probe_asks_for_the_marked_word_where_copying_says_stop(tiny_
 def test_a_phase_draws_the_documents_made_with_its_own_gap(tiny_tokenizer):
     """``pretrain.phases.recall_gap_chars``: a phase with a gap of its own draws generated documents
     made with that gap; the others, and the natural files, stay as they were."""
-    from opencomposer.pretrain.phases import generated_corpora
+    from opencomposer.pretrain.data import generated_corpora
 
     corpus = _corpus()
     config = load_recipe(None, ["pretrain.recall_documents=30", "pretrain.recall_gap_chars=900",
@@ -278,7 +278,8 @@ def test_the_retrieval_probe_passes_at_lengths_only_the_extension_trained(tmp_pa
     fetches that too: the first token in most probes, the whole 6-8-token value in about a third
     (docs/pretraining.md, "The retrieval probe": 0.375 exact, 0.875 first token)."""
     from opencomposer.model.corpus import build_corpus
-    from opencomposer.pretrain.phases import probe_documents, retrieval_probe, run_phases
+    from opencomposer.pretrain.evaluation import probe_documents, retrieval_probe
+    from opencomposer.pretrain.phases import run_phases
 
     config = load_recipe(ROOT / "recipes" / "pretrain-phases.toml", [
         f"run.out_dir={tmp_path}", "corpus.sources=['stdlib']", "corpus.max_files=1500", "run.threads=1",

@@ -47,18 +47,32 @@ def test_a_decoy_the_family_asks_for_is_refused(tmp_path: Path):
         demonstration_tasks(config, tmp_path)
 
 
-@pytest.mark.bwrap
-def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tmp_path: Path, tiny_tokenizer):
-    import copy
-
+@pytest.fixture(scope="module")
+def tiny_demonstrations(tmp_path_factory, tiny_tokenizer):
+    """Four oracle demonstrations of the tiny family, their longest row, and a small fresh model
+    (recorded once for the module's tests)."""
     from opencomposer.model.loading import load_model
-    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations, sft
+    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations
     from opencomposer.training.packing import episode_rows
     from tests.training.test_forward import SMALL
 
-    config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=3"])
-    episodes = record_demonstrations(demonstration_tasks(config, tmp_path), tiny_tokenizer, config)
+    config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=4"])
+    episodes = record_demonstrations(demonstration_tasks(config, tmp_path_factory.mktemp("demos")), tiny_tokenizer,
+                                     config)
+    longest = max(len(row) for row in episode_rows(episodes))
     model, tokenizer = load_model(SMALL, tiny_tokenizer, seed=1)
+    return episodes, longest, model, tokenizer
+
+
+@pytest.mark.bwrap
+def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tiny_demonstrations):
+    import copy
+
+    from opencomposer.pretrain.sft import sft
+    from opencomposer.training.packing import episode_rows
+
+    episodes, _, fresh, tokenizer = tiny_demonstrations
+    model = copy.deepcopy(fresh)
     before = copy.deepcopy(model)
     # independent: a plain forward per demonstration, −log p of each model-written token, averaged
     total, count = 0.0, 0
@@ -68,36 +82,22 @@ def test_sft_loss_is_the_mean_over_model_tokens_and_falls(tmp_path: Path, tiny_t
         logp = torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(row.target_ids)[:, None])[:, 0]
         total -= float(logp[torch.from_numpy(row.loss_mask)].sum())
         count += int(row.loss_mask.sum())
-    result = sft(model, tokenizer, episodes, SFTConfig(steps=30, batch_size=3, lr=5e-3, warmup_steps=2), progress=False)
+    result = sft(model, tokenizer, episodes, SFTConfig(steps=30, batch_size=4, lr=5e-3, warmup_steps=2), progress=False)
     assert result.history[0]["loss"] == pytest.approx(total / count, rel=1e-4)  # the first batch is every row
-    assert result.history[0]["tokens"] == count
+    assert result.history[0]["sft_tokens"] == count
     assert result.last_loss < 0.5 * result.first_loss
     assert np.isfinite([h["loss"] for h in result.history]).all()
 
 
 @pytest.mark.bwrap
-def tiny_demonstrations(folder: Path, tokenizer):
-    """Four oracle demonstrations of the tiny family, their longest row, and a small fresh model."""
-    from opencomposer.model.loading import load_model
-    from opencomposer.pretrain.sft import demonstration_tasks, record_demonstrations
-    from opencomposer.training.packing import episode_rows
-    from tests.training.test_forward import SMALL
-
-    config = load_recipe(None, ["sft.task_family=tiny", "sft.num_tasks=4"])
-    episodes = record_demonstrations(demonstration_tasks(config, folder), tokenizer, config)
-    longest = max(len(row) for row in episode_rows(episodes))
-    model, tokenizer = load_model(SMALL, tokenizer, seed=1)
-    return episodes, longest, model, tokenizer
-
-
-def test_packed_sft_steps_equal_the_padded_ones(tmp_path: Path, tiny_tokenizer):
+def test_packed_sft_steps_equal_the_padded_ones(tiny_demonstrations):
     """``sft.pack_tokens``: the demonstrations of a step share rows, each attending to itself only;
     every step's loss is that of one padded row each."""
     import copy
 
     from opencomposer.pretrain.sft import sft
 
-    episodes, longest, model, tokenizer = tiny_demonstrations(tmp_path, tiny_tokenizer)
+    episodes, longest, model, tokenizer = tiny_demonstrations
     import opencomposer.training.packing as packing
 
     packed_rows = []
@@ -125,7 +125,8 @@ def test_packed_sft_steps_equal_the_padded_ones(tmp_path: Path, tiny_tokenizer):
     assert results[0][-1] < results[0][0]
 
 
-def test_micro_batched_sft_steps_equal_the_whole_step(tmp_path: Path, tiny_tokenizer):
+@pytest.mark.bwrap
+def test_micro_batched_sft_steps_equal_the_whole_step(tiny_demonstrations):
     """``sft.micro_batch_tokens``: the step's rows in several forwards and backwards, each divided
     by the whole step's tokens, give the step's loss and gradient (the same Adam update), also
     with packed rows."""
@@ -133,11 +134,11 @@ def test_micro_batched_sft_steps_equal_the_whole_step(tmp_path: Path, tiny_token
 
     from opencomposer.pretrain.sft import sft
 
-    episodes, longest, model, tokenizer = tiny_demonstrations(tmp_path, tiny_tokenizer)
-    import opencomposer.pretrain.sft as sft_module
+    episodes, longest, model, tokenizer = tiny_demonstrations
+    import opencomposer.pretrain.losses as losses
 
     forwards = []
-    original = sft_module.model_token_nll
+    original = losses.model_token_nll
 
     def counting(*args, **kwargs):
         forwards.append(args[1].input_ids.shape[0])
@@ -147,13 +148,13 @@ def test_micro_batched_sft_steps_equal_the_whole_step(tmp_path: Path, tiny_token
     for name, micro, pack in (("whole", 0, 0), ("micro", longest, 0), ("packed-micro", 2 * longest, 2 * longest)):
         trained = copy.deepcopy(model)
         forwards.clear()
-        sft_module.model_token_nll = counting
+        losses.model_token_nll = counting
         try:
             result = sft(trained, tokenizer, episodes, SFTConfig(steps=2, batch_size=4, lr=5e-3, warmup_steps=0,
                                                                   micro_batch_tokens=micro, pack_tokens=pack),
                          progress=False)
         finally:
-            sft_module.model_token_nll = original
+            losses.model_token_nll = original
         results[name] = [h["loss"] for h in result.history]
         if name == "whole":
             assert forwards == [4, 4]

@@ -46,8 +46,7 @@ def main(args: argparse.Namespace) -> int:
     model, tokenizer, result, checkpoint = _pretrain(config, console, report)
 
     header = ["step", "tokens", "train", "held-out"]
-    rows = [[str(row["step"]), f"{row.get('tokens', result.tokens):,}", f"{row['loss']:.3f}",
-             f"{row['heldout_loss']:.3f}" if "heldout_loss" in row else ""] for row in result.history]
+    rows = _loss_rows(result.history, config.pretrain.log_every)
     table = Table(title="loss (nats/token)")
     for column in header:
         table.add_column(column, justify="right")
@@ -81,6 +80,17 @@ def main(args: argparse.Namespace) -> int:
     return 0 if falling else 1
 
 
+def _loss_rows(history: list[dict], every: int) -> list[list[str]]:
+    """The loss table: the training loss at the first step, every ``every`` steps and the last,
+    and at each step with an evaluation, beside its held-out loss."""
+    held = {row["step"]: row["heldout_loss"] for row in history if "heldout_loss" in row}
+    train = [row for row in history if row["kind"] == "train"]
+    shown = [row for row in train if row["step"] == 1 or row["step"] % every == 0 or row["step"] in held
+             or row is train[-1]]
+    return [[str(row["step"]), f"{row['tokens']:,}", f"{row['loss']:.3f}",
+             f"{held[row['step']]:.3f}" if row["step"] in held else ""] for row in shown]
+
+
 def stage_configs(config: Config, checkpoint: Path) -> tuple[Config, Config]:
     """The SFT and RL recipes of stages 2 and 3, derived from the quickstart recipe: SFT fine-tunes
     the pretrained ``checkpoint`` into ``{run}/sft``; RL starts from there and runs in ``{run}/rl``."""
@@ -96,7 +106,7 @@ def stage_configs(config: Config, checkpoint: Path) -> tuple[Config, Config]:
 
 
 def _sft_rl_report(config: Config, checkpoint: Path, console, report) -> None:
-    from opencomposer.pretrain.cpt import plot_loss
+    from opencomposer.pretrain.plots import plot_loss
     from opencomposer.pretrain.sft import run_sft
     from opencomposer.rl.loop import run_rl
     from opencomposer.rl.report import draw_report

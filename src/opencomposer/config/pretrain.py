@@ -1,5 +1,5 @@
-"""Training a model on text and on demonstrations: ``[pretrain]`` (``opencomposer.pretrain.cpt``)
-and ``[sft]`` (``opencomposer.pretrain.sft``)."""
+"""Training a model on text and on demonstrations: ``[pretrain]`` and its ``[[pretrain.phases]]``,
+and ``[sft]``; one trainer runs them all as phases (``opencomposer.pretrain.plan``)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,7 @@ class PretrainConfig(Section):
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
+    """Largest global gradient norm (clipped to it); 0: no clipping."""
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 4
@@ -198,9 +199,10 @@ class PretrainConfig(Section):
         for name in ("max_steps", "warmup_steps", "eval_batches", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"pretrain.{name}: must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0 or self.max_minutes <= 0 or self.grad_clip <= 0:
-            raise ConfigError(f"pretrain.lr, pretrain.max_minutes and pretrain.grad_clip: must be > 0, got "
-                              f"{self.lr}, {self.max_minutes} and {self.grad_clip}")
+        if self.lr <= 0 or self.max_minutes <= 0:
+            raise ConfigError(f"pretrain.lr and pretrain.max_minutes: must be > 0, got {self.lr} and {self.max_minutes}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"pretrain.grad_clip: must be >= 0 (0: no clipping), got {self.grad_clip}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"pretrain.min_lr_ratio: expected a fraction in [0, 1], got {self.min_lr_ratio}")
 
@@ -255,8 +257,9 @@ class SFTConfig(Section):
     pack_tokens: int = 0
     """Sequence packing: a step's demonstrations share batch rows of at most this many positions,
     each attending only to itself (``training.packing.pack_rows``), instead of one padded row
-    each; 0 (default) packs nothing. The loss is the same; the padding goes. ``opencomposer sft``
-    only: the ``sft`` losses of ``[[pretrain.phases]]`` collate one demonstration per row."""
+    each; 0 (default) packs nothing. The loss is the same; the padding goes. It applies to every
+    phase with the ``sft`` loss, ``[[pretrain.phases]]`` too (not to one of ``sft`` and ``mtp``
+    without ``lm``, whose distillation reads one demonstration per row)."""
 
     def validate(self) -> None:
         if not (self.pack_tokens == 0 or self.pack_tokens >= 64):

@@ -36,7 +36,7 @@ So a phase may list two generated sources beside the corpus's:
   and puts several updates in a document, so a row carries more of this signal than one update
   would.
 
-None of the sources uses the retrieval probe's words (``phases.PROBE_WORDS``) or its names, nor any
+None of the sources uses the retrieval probe's words (``PROBE_WORDS``) or its names, nor any
 held-out file: the probe stays a held-out measurement. Documents are a pure function of the
 training files, the tokenizer and the seed, so every rank and every resumed run draws the same
 ones. ``pretrain.recall_documents`` sets how many each source holds (rows are drawn from a
@@ -55,6 +55,10 @@ from opencomposer.model.corpus import CodeFile, Corpus
 
 SOURCES = ("copy", "recall", "append")
 """The generated sources a phase may list in ``sources``."""
+PROBE_WORDS = ("amber", "basil", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+               "kelp", "lotus", "maple", "nickel", "onyx", "pepper", "quartz", "raven", "saffron", "tundra",
+               "umber", "violet", "walnut", "yarrow", "zephyr")
+"""The values of the held-out probes (``pretrain.evaluation``); no generated document uses them."""
 SPAN_PIECES = (4, 12)  # a span is this many word pieces (inclusive bounds): a document fits 64 tokens
 SEPARATORS = ("", "", "", "_", "_", " ", ".", '"', ", ", " = ")  # between two pieces (glued most often)
 RECALL_GAP_CHARS = 900  # default longest stretch of code between what is said and where it is recalled
@@ -66,8 +70,6 @@ _IDENTIFIER = re.compile(r"\b[a-z][a-z]{2,9}\b")
 
 
 def _excluded(word: str) -> bool:
-    from opencomposer.pretrain.phases import PROBE_WORDS
-
     return "probe" in word or any(w in word for w in PROBE_WORDS)
 
 

@@ -13,6 +13,9 @@ Two guarantees for resumable runs (RL):
   events after N. Without ``resume_step`` the log starts empty.
 
 ``read_metrics`` reads the rows back. Where each trainer's folder is: docs/trainer.md.
+
+``merge_ranks`` combines what each rank of a data-parallel group measured into the row one
+process would have logged.
 """
 
 from __future__ import annotations
@@ -20,12 +23,52 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from opencomposer.io import atomic_write_text
 
+if TYPE_CHECKING:
+    from opencomposer.distributed.runtime import World
+
 METRICS_FILE = "metrics.jsonl"
+
+Merge = Literal["sum", "mean", "max", "min", "first", "concat"]
+"""How ``merge_ranks`` combines one metric over the ranks (module doc)."""
+
+
+def merge_ranks(world: World, metrics: Mapping[str, Any], rules: Mapping[str, Merge] | None = None,
+                default: Merge = "first") -> dict[str, Any]:
+    """Every rank's ``metrics`` (one gather; collective: every rank calls it) combined name by name,
+    by ``rules[name]`` or else ``default``: ``sum`` (a rank's part of the batch's loss, counts,
+    token-weighted sums; numbers or tensors), ``mean`` (a per-rank value such as the MoE
+    load-balancing loss), ``max`` / ``min`` (extremes), ``first`` (rank 0's: a value every rank
+    already holds for the whole batch), ``concat`` (lists joined in rank order). Every rank gets
+    the merged dict; one process gets ``metrics`` back as a dict."""
+    if not world.distributed:
+        return dict(metrics)
+    gathered = world.gather(dict(metrics))
+    merged: dict[str, Any] = {}
+    for name in metrics:
+        values = [rank[name] for rank in gathered]
+        rule = (rules or {}).get(name, default)
+        if rule == "sum":
+            merged[name] = sum(values[1:], values[0])
+        elif rule == "mean":
+            merged[name] = sum(values) / len(values)
+        elif rule == "max":
+            merged[name] = max(values)
+        elif rule == "min":
+            merged[name] = min(values)
+        elif rule == "first":
+            merged[name] = values[0]
+        elif rule == "concat":
+            merged[name] = [item for value in values for item in value]
+        else:
+            raise ValueError(f"merge_ranks: unknown rule {rule!r} for {name!r}; expected one of sum, mean, max, "
+                             "min, first, concat")
+    return merged
 
 
 def _parsed(line: str) -> dict[str, Any] | None:
