@@ -30,9 +30,19 @@ def decoy_share(rollouts: Path) -> float:
     return sum('"content": "code' in e["final_turn"] for e in episodes) / len(episodes)
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
-def test_rl_raises_the_heldout_pass_rate_of_an_imperfectly_taught_model(tmp_path: Path, seed: int):
-    check_learning(tmp_path, seed)
+# The default selection's run: two thirds of the recipe's steps at twice its learning rate, evaluated
+# before and after only (docs/rl.md, "Learning test"); the recipe itself runs in the slow set.
+SHORT = ("rl.steps=16", "rl.lr=6e-4", "rl.lr_warmup_steps=3", "rl.eval_every=16", "rl.checkpoint_every=16")
+
+
+@pytest.mark.parametrize(("seed", "rl_only"), [
+    pytest.param(0, SHORT, id="short-0"),
+    pytest.param(0, (), marks=pytest.mark.slow, id="recipe-0"),
+    pytest.param(1, (), marks=pytest.mark.slow, id="recipe-1"),
+    pytest.param(2, (), marks=pytest.mark.slow, id="recipe-2"),
+])
+def test_rl_raises_the_heldout_pass_rate_of_an_imperfectly_taught_model(tmp_path: Path, seed: int, rl_only: tuple):
+    check_learning(tmp_path, seed, rl_only=rl_only)
 
 
 @pytest.mark.slow
@@ -68,7 +78,8 @@ def check_learning(tmp_path: Path, seed: int, *overrides: str, rl_only: tuple[st
     # RL raised the held-out pass rate by the margin
     assert last["pass_at_1"] >= first["pass_at_1"] + MARGIN, summary.evaluations
     # by learning what the teacher got wrong: fewer training rollouts write the decoy in the last
-    # four steps than in the first four (128 rollouts each; measured 0.42-0.50 -> 0.16-0.36)
+    # four steps than in the first four (128 rollouts each; measured 0.42-0.50 -> 0.16-0.36 over the
+    # recipe's 24 steps)
     rollouts = summary.run_dir / "rollouts"
     early = sum(decoy_share(rollouts / f"step-{s:06d}.jsonl") for s in range(1, 5)) / 4
     late = sum(decoy_share(rollouts / f"step-{s:06d}.jsonl") for s in range(config.rl.steps - 3, config.rl.steps + 1)) / 4
