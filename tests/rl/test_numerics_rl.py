@@ -94,7 +94,7 @@ def test_rl_in_nvfp4_runs_end_to_end_and_samples_in_the_trainers_format(tmp_path
         for parameter in run.model.parameters():
             if parameter.ndim >= 2:
                 parameter.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(parameter.numel()))
-    run.trainer.publish(run.batcher, STEPS + 1)
+    run.source.publish(STEPS + 1)
     prompts = [run.tokenizer("def f(x):\n    return")["input_ids"], run.tokenizer("import os\n")["input_ids"]]
     unconverted = load_model(ModelConfig(kind="hf", path=str(summary.run_dir / "initial")))[0]
     unconverted.load_state_dict(run.model.state_dict())
