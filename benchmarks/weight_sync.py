@@ -17,6 +17,7 @@ published. The motivation: ~98-99% of bf16 weights are bit-identical between RL 
 arXiv 2602.03839).
 
     .venv/bin/python benchmarks/weight_sync.py [--models tiny_moe smollm2 --lrs 1e-6 1e-5 --steps 4 --threads 0]
+    .venv/bin/python benchmarks/weight_sync.py --quick   # the tiny MoE, one rate, two deltas
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ import time
 from pathlib import Path
 
 import torch
+from _quick import parse_args
 
 from opencomposer.config import ModelConfig
 from opencomposer.model.loading import load_model
 from opencomposer.services.weights import WeightStore
 
-RESULTS = Path(__file__).parent / "results" / "weight_sync.json"
+QUICK = {"models": ["tiny_moe"], "lrs": [1e-5], "steps": 2, "batch": 1, "tokens": 16}
 INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -143,14 +145,15 @@ def run(kind: str, lr: float, args: argparse.Namespace, scratch: Path) -> list[d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["tiny_moe", "smollm2"])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["tiny_moe", "smollm2"], help="model kinds")
     parser.add_argument("--lrs", nargs="+", type=float, default=[1e-6, 1e-5], help="Adam learning rates")
     parser.add_argument("--steps", type=int, default=4, help="Adam steps (deltas) per model and rate")
     parser.add_argument("--batch", type=int, default=2, help="sequences per step")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per sequence")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 keeps the default")
-    args = parser.parse_args()
+    args = parse_args(parser, QUICK)
     if args.threads:
         torch.set_num_threads(args.threads)
     header = (
@@ -176,12 +179,13 @@ def main() -> None:
             f"{summary['identical_fraction']:10.4%} {summary['delta_over_full']:10.4f} {summary['reduction']:9.1f} "
             f"{summary['publish_s']:9.3f} {summary['apply_s']:8.3f} {row['rebuild_s']:9.3f}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    out = args.results_dir / "weight_sync.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
         "steps": args.steps, "batch": args.batch, "tokens": args.tokens, "threads": torch.get_num_threads(),
         "results": results,
     }, indent=2))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
