@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="results JSON; the plot goes beside it "
                                                  "(default: benchmarks/results/context_policies.json)")
     args = parse_args(parser, QUICK)
-    if args.out is None or args.quick:
+    if args.out is None:
         args.out = args.results_dir / "context_policies.json"
     if args.threads:
         torch.set_num_threads(args.threads)

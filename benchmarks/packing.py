@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/packing.json)")
     args = _quick.parse_args(parser, QUICK, argv)
-    if args.out is None or args.quick:
+    if args.out is None:
         args.out = args.results_dir / "packing.json"
     if not 64 <= args.pack_tokens <= args.micro_batch_tokens:
         parser.error("--pack-tokens must be between 64 and --micro-batch-tokens")

@@ -42,7 +42,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from _quick import parse_args
 
 import opencomposer
 from opencomposer.agent.context import SUMMARY_REQUEST
@@ -195,6 +194,9 @@ def bench(kind: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    # imported here, not at the top: smollm2_practical.py loads this file by path for its helpers
+    from _quick import parse_args
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny_moe,smollm2", help="comma list of model kinds (smollm2 if cached)")
@@ -211,7 +213,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", help="results JSON (default: benchmarks/results/prefix_cache.json)")
     args = parse_args(parser, QUICK)
-    if args.out is None or args.quick:
+    if args.out is None:
         args.out = str(args.results_dir / "prefix_cache.json")
     if args.threads:
         torch.set_num_threads(args.threads)

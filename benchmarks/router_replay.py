@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--corpus-files", type=int, default=1500, help="source files of the pretraining corpus")
     parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/router_replay.json)")
     args = parse_args(parser, QUICK)
-    if args.out is None or args.quick:
+    if args.out is None:
         args.out = args.results_dir / "router_replay.json"
 
     from opencomposer.config import CorpusConfig

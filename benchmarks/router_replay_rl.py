@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, help="results JSON; the plot goes beside it "
                                                  "(default: benchmarks/results/router_replay_rl.json)")
     args = parse_args(parser, QUICK, argv)
-    if args.out is None or args.quick:
+    if args.out is None:
         args.out = args.results_dir / "router_replay_rl.json"
     if args.quick:
         args.sft = random_start(args.results_dir / "start")

@@ -115,7 +115,7 @@ def main() -> None:
                         help="wall clock, or the process's CPU time (one thread, shared machine)")
     parser.add_argument("--out", help="results JSON (default: benchmarks/results/sampler.json)")
     args = parse_args(parser, QUICK)
-    if args.out is None or args.quick:
+    if args.out is None:
         args.out = str(args.results_dir / "sampler.json")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -65,7 +65,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-RESULTS = Path(__file__).parent / "results" / "smollm2_practical.json"
 MEASUREMENTS = ("bf16", "shared_prefix", "kv_cache", "group_batching", "turn_cap")
 CACHE_TOKENS = 16384  # the prefix cache's budget in positions: a whole episode fits
 LEARNING_RATE = 2e-5
@@ -82,6 +81,7 @@ def _sibling(name: str):
 
 
 prefix_cache = _sibling("prefix_cache")  # CLOCKS, PrefillTimer, _sync; its ``clock`` is set by --clock
+_quick = _sibling("_quick")  # the --quick flag every benchmark has
 
 
 def clock() -> float:
@@ -388,14 +388,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(MEASUREMENTS), help="comma list of: " + ", ".join(MEASUREMENTS))
     parser.add_argument("--clock", choices=tuple(prefix_cache.CLOCKS), default="wall",
                         help="wall clock, or the process's CPU time (one thread, shared machine)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes, no warm-up: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
-    args.warmup = not args.quick
+    parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/smollm2_practical.json)")
+    args = _quick.parse_args(parser, QUICK, argv)
+    if args.out is None:
+        args.out = args.results_dir / "smollm2_practical.json"
+    args.warmup = not args.quick  # and no warm-up
     args.only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(args.only) - set(MEASUREMENTS))
     if unknown:
