@@ -98,6 +98,19 @@ def test_every_recipe_is_a_plan_of_phases():
     assert settings.grad_clip == 0 and settings.eval_batches == 0 and phase.key("sft_batch_size") == "sft.batch_size"
 
 
+def test_packed_demonstrations_are_refused_where_mtp_distils_on_them():
+    from opencomposer.distributed.runtime import World
+    from opencomposer.pretrain.phases import check_world
+    from opencomposer.pretrain.plan import plan_phases
+
+    config = load_recipe(None, ['pretrain.phases=[{name="sft", losses=["sft", "mtp"], steps=2}]', "sft.pack_tokens=256"])
+    plan = plan_phases(config.pretrain.phases)
+    with pytest.raises(ConfigError, match=r"pretrain.phases \(sft\): 'mtp' distils on one whole demonstration"):
+        check_world(plan, World(), config.sft)
+    check_world(plan_phases(load_recipe(None, ['pretrain.phases=[{losses=["sft"], steps=2}]']).pretrain.phases),
+                World(), config.sft)  # the sft loss alone packs
+
+
 def test_missing_sources_and_sft_tasks_are_refused_before_training(tmp_path: Path, tiny_tokenizer):
     from opencomposer.pretrain.phases import run_phases
 
