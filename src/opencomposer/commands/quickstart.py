@@ -24,8 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from opencomposer.commands import load_recipe_or_packaged
-from opencomposer.config import Config, to_toml
+from opencomposer.config import Config, load_recipe, to_toml
 
 DEFAULT_RECIPE = "quickstart.toml"  # shipped in opencomposer/recipes/
 
@@ -36,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
 
     from opencomposer.training.html import HtmlReport
 
-    config = load_recipe_or_packaged(args.recipe, args.overrides, default=DEFAULT_RECIPE)
+    config = load_recipe(args.recipe, args.overrides, packaged=DEFAULT_RECIPE)
     console = Console(soft_wrap=True)  # paths and long lines stay whole, to copy from a log
     console.rule("[bold]opencomposer quickstart")
     started = time.perf_counter()

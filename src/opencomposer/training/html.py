@@ -5,7 +5,7 @@ archive, so every image is embedded (base64 PNG in a ``data:`` URI), the style i
 the page names no external resource: the file alone is the report. The quickstart writes one
 (``runs/quickstart/report.html``); any stage that leaves PNGs and numbers can add a section.
 
-Not here: drawing the curves (``pretrain.cpt.plot_loss``, ``rl.report.draw_report``).
+Not here: drawing the curves (``pretrain.plots.plot_loss``, ``rl.report.draw_report``).
 """
 
 from __future__ import annotations
