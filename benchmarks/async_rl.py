@@ -72,10 +72,10 @@ def measure(label: str, name: str, overrides: list[str], base: list[str], folder
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch-tasks", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=6, help="RL steps of each configuration")
+    parser.add_argument("--batch-tasks", type=int, default=4, help="tasks per step")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per task")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per turn")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray backend")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every configuration this many times, interleaved; report the median")
