@@ -113,16 +113,13 @@ def test_http_is_refused_for_training_and_built_otherwise(tiny):
 
 def test_rl_loop_sampler_goes_through_the_factory(tiny, vllm_stand_in):
     from opencomposer.inference.batching import BatchingEngine
-    from opencomposer.rl.loop import RLRun
+    from opencomposer.rl.rollouts import make_sampler
 
     model, tokenizer = tiny
-    run = types.SimpleNamespace(config=_vllm_config(), model=model, tokenizer=tokenizer,
-                                state=types.SimpleNamespace(step=7))
-    sampler = RLRun._sampler(run)
+    sampler = make_sampler(_vllm_config(), model, tokenizer, 7)
     assert isinstance(sampler, BatchingEngine) and sampler.engine is vllm_stand_in[-1]
     assert sampler.engine.policy_version == 7
-    run.config = Config()
-    assert isinstance(RLRun._sampler(run).engine, LocalEngine)
+    assert isinstance(make_sampler(Config(), model, tokenizer, 7).engine, LocalEngine)
 
 
 def test_inference_and_evaluation_services_go_through_the_factory(tiny, vllm_stand_in):
@@ -135,10 +132,9 @@ def test_inference_and_evaluation_services_go_through_the_factory(tiny, vllm_sta
     service = InferenceService(model, tokenizer, 3, weights, inference=_vllm_config())
     assert service.batcher.engine is vllm_stand_in[-1] and service.policy_version == 3
     assert isinstance(InferenceService(model, tokenizer, 0, weights).batcher.engine, LocalEngine)
-    run = types.SimpleNamespace(config=_vllm_config(), model=model, tokenizer=tokenizer,
-                                state=types.SimpleNamespace(step=1), published_weights=weights, faults=None,
+    run = types.SimpleNamespace(config=_vllm_config(), tokenizer=tokenizer, state=types.SimpleNamespace(step=1),
                                 heldout=[])
-    services = EmbeddedServices(run)
+    services = EmbeddedServices(types.SimpleNamespace(run=run, published_weights=weights, faults=None), model)
     assert services.inference.batcher.engine is vllm_stand_in[-1]
     evaluation = EvaluationService(model, tokenizer, _vllm_config(), [], lambda version: model.state_dict(), None)
     try:
