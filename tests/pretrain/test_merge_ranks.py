@@ -33,7 +33,14 @@ def test_each_rule_combines_the_ranks_values():
     assert merged["loss"] == 3.0 and merged["aux_loss"] == pytest.approx(0.3)
     assert (merged["ratio_max"], merged["ratio_min"], merged["tokens"]) == (4.0, 0.1, 7)  # tokens: rank 0's
     assert merged["ratios"] == [1, 2, 3] and merged["counts"].tolist() == [4, 6]
-    assert merge_ranks(TwoRanks(other), {"tokens": 7}, default="sum") == {"tokens": 16}
+    assert merge_ranks(TwoRanks({"tokens": 9}), {"tokens": 7}, default="sum") == {"tokens": 16}
+
+
+def test_a_name_only_some_ranks_report_is_merged_over_those():
+    """A rank with no rows of an RL step has no metric sums; the step's row is the other ranks'."""
+    merged = merge_ranks(TwoRanks({"loss": 2.0, "tokens": 9.0, "ratio_max": 1.5}), {"loss": 0.0},
+                         {"ratio_max": "max"}, default="sum")
+    assert merged == {"loss": 2.0, "tokens": 9.0, "ratio_max": 1.5}
 
 
 def test_one_process_gets_its_metrics_and_a_bad_rule_is_named():

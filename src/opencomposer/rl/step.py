@@ -57,6 +57,7 @@ from opencomposer.distributed.runtime import World
 from opencomposer.model.routing import ReplayStats, RouterReplay
 from opencomposer.rl.losses import LossInputs, mismatch_kl, ratio_metrics, rl_loss, staleness_metrics
 from opencomposer.training.forward import batch_to, cp_token_logprobs, padding_forward, token_logprobs
+from opencomposer.training.metrics import merge_ranks
 from opencomposer.types import TrainBatch
 
 
@@ -142,7 +143,7 @@ def train_step(
     for _ in range(world.max(len(batches)) - len(batches)):
         padding_forward(model, device)
     if world.distributed:
-        total_loss, totals, log_ratios, versions = merge_ranks(world, total_loss, totals, log_ratios, versions, replay)
+        total_loss, totals, log_ratios, versions = merged_step(world, total_loss, totals, log_ratios, versions, replay)
     reduce_gradients(model, world)  # expert parallelism; FSDP reduced during backward
     parameters = [p for p in model.parameters() if p.grad is not None]
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
@@ -171,28 +172,21 @@ def train_step(
     return total_loss, metrics
 
 
-def merge_ranks(world: World, total_loss: float, totals: dict[str, float], log_ratios: list[torch.Tensor],
+# What ``merged_step`` sends besides the metric sums; ``_``-prefixed so no metric name collides.
+_STEP_RULES = {"ratio_max": "max", "ratio_min": "min", "_log_ratios": "concat", "_versions": "concat"}
+
+
+def merged_step(world: World, total_loss: float, totals: dict[str, float], log_ratios: list[torch.Tensor],
                 versions: list[torch.Tensor], replay: RouterReplay | None):
     """Every rank's loss, metric sums, log-ratios, versions and replay counts, combined as one
-    process would have computed them over all the rows (``_merge``'s rules; counts add up)."""
-    local = (total_loss, totals, [t.cpu() for t in log_ratios], [t.cpu() for t in versions],
-             None if replay is None else replay.stats)
-    merged_totals: dict[str, float] = {}
-    all_ratios, all_versions, loss = [], [], 0.0
+    process would have computed them over all the rows (``training.metrics.merge_ranks``: sums by
+    default, the ratios' extremes, the per-token tensors joined in rank order)."""
+    local = {"_loss": total_loss, **totals, "_log_ratios": [t.cpu() for t in log_ratios],
+             "_versions": [t.cpu() for t in versions]}
+    counts = [] if replay is None else [field.name for field in dataclasses.fields(ReplayStats)]
+    local.update({f"_replay_{name}": getattr(replay.stats, name) for name in counts})
+    merged = merge_ranks(world, local, _STEP_RULES, default="sum")
     if replay is not None:
-        replay.stats = ReplayStats.zeros(len(replay.stats.replayed))
-    for rank_loss, rank_totals, rank_ratios, rank_versions, rank_stats in world.gather(local):
-        loss += rank_loss
-        for name, value in rank_totals.items():
-            if name == "ratio_max":
-                merged_totals[name] = max(merged_totals.get(name, value), value)
-            elif name == "ratio_min":
-                merged_totals[name] = min(merged_totals.get(name, value), value)
-            else:  # sums: tokens, and token-weighted metric sums
-                merged_totals[name] = merged_totals.get(name, 0.0) + value
-        all_ratios += rank_ratios
-        all_versions += rank_versions
-        if replay is not None:
-            for field in ("replayed", "replaced", "agreed"):
-                getattr(replay.stats, field).add_(getattr(rank_stats, field))
-    return loss, merged_totals, all_ratios, all_versions
+        replay.stats = ReplayStats(*(merged.pop(f"_replay_{name}") for name in counts))
+    loss, ratios, step_versions = merged.pop("_loss"), merged.pop("_log_ratios"), merged.pop("_versions")
+    return loss, merged, ratios, step_versions

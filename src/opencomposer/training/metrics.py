@@ -45,13 +45,14 @@ def merge_ranks(world: World, metrics: Mapping[str, Any], rules: Mapping[str, Me
     token-weighted sums; numbers or tensors), ``mean`` (a per-rank value such as the MoE
     load-balancing loss), ``max`` / ``min`` (extremes), ``first`` (rank 0's: a value every rank
     already holds for the whole batch), ``concat`` (lists joined in rank order). Every rank gets
-    the merged dict; one process gets ``metrics`` back as a dict."""
+    the merged dict; one process gets ``metrics`` back as a dict. A name only some ranks report (a
+    rank with no rows of the step has no metric sums) is merged over the ranks that have it."""
     if not world.distributed:
         return dict(metrics)
     gathered = world.gather(dict(metrics))
     merged: dict[str, Any] = {}
-    for name in metrics:
-        values = [rank[name] for rank in gathered]
+    for name in dict.fromkeys(name for rank in gathered for name in rank):
+        values = [rank[name] for rank in gathered if name in rank]
         rule = (rules or {}).get(name, default)
         if rule == "sum":
             merged[name] = sum(values[1:], values[0])
