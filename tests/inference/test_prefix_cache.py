@@ -25,7 +25,7 @@ from opencomposer.inference.batching import BatchingEngine
 from opencomposer.inference.invariant import InvariantDecoder
 from opencomposer.inference.local import MIN_PREFIX_TOKENS, PrefixCache
 
-GREEDY = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)  # reuse needs a few tokens, not many
 TOLERANCE = 1e-4  # log-probabilities: float32 rounding of reused keys against a fresh prefill
 
 
