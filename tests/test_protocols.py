@@ -18,7 +18,7 @@ from opencomposer.config import SandboxConfig
 from opencomposer.grading.grade import GradeCache
 from opencomposer.inference.batching import BatchingSession
 from opencomposer.inference.local import LocalEngine
-from opencomposer.rl.rollouts import SyncRollouts
+from opencomposer.rl.sync import SyncRollouts
 from opencomposer.rl.trainer import Trainer
 from opencomposer.sandbox import Sandbox
 from opencomposer.services.async_rl import AsyncRollouts

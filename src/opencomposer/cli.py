@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     _paths(p, run="input")
     p.set_defaults(handler="opencomposer.commands.report:main")
 
-    p = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible chat-completions API")
+    p = sub.add_parser("serve", help="serve a checkpoint as an OpenAI-compatible API (chat and legacy completions)")
     p.add_argument("--model", required=True, metavar="PATH",
                    help="tiny_moe | tiny_deepseek_v3 | smollm2 | a checkpoint folder (e.g. runs/R/checkpoints/step-N/model)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")

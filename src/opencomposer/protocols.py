@@ -22,7 +22,7 @@ The four services of asynchronous RL (docs/services.md), each with an embedded a
 | ``TrainerService``     | ``rl.trainer.Trainer``           | (the driver's, shared)          |
 | ``EvaluationService``  | ``evaluation.EvaluationService`` | the evaluation actor's proxy    |
 
-Where an RL run's groups come from is one more seam, ``RolloutSource``: ``rl.rollouts.SyncRollouts``
+Where an RL run's groups come from is one more seam, ``RolloutSource``: ``rl.sync.SyncRollouts``
 (sample, then train, in turn) or ``services.async_rl.AsyncRollouts`` (the services above, sampling
 ahead within ``rl.max_staleness``). ``rl.loop.RLRun`` drives either with the same code.
 """

@@ -58,7 +58,7 @@ def test_rl_in_nvfp4_runs_end_to_end_and_samples_in_the_trainers_format(tmp_path
     from opencomposer.numerics.convert import QuantizedExperts, convert_model, is_converted
     from opencomposer.numerics.qlinear import NVFP4Spec, matmul_recipe
     from opencomposer.rl.loop import RLRun
-    from opencomposer.rl.rollouts import SyncRollouts
+    from opencomposer.rl.sync import SyncRollouts
 
     config = load_recipe(RECIPE, [*SHRUNK, *NVFP4, "rl.router_replay=filtered", f"run.out_dir={tmp_path}"])
     run = RLRun(config, SyncRollouts(), progress=False)

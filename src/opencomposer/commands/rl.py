@@ -1,5 +1,5 @@
 """``opencomposer rl``: the RL run (``rl.loop.RLRun``) from the rollout source ``rl.mode`` names,
-synchronous (``rl.rollouts.SyncRollouts``) or the asynchronous services
+synchronous (``rl.sync.SyncRollouts``) or the asynchronous services
 (``services.async_rl.AsyncRollouts``), on every rank of ``trainer.world_size``; a rerun resumes the
 run folder's newest checkpoint."""
 
@@ -26,7 +26,7 @@ def rollout_source(config: Config, faults: FaultPlan | None = None) -> RolloutSo
         return AsyncRollouts(faults=faults)
     if faults is not None:
         raise ValueError("injected faults (a FaultPlan) need rl.mode = \"async\"")
-    from opencomposer.rl.rollouts import SyncRollouts
+    from opencomposer.rl.sync import SyncRollouts
 
     return SyncRollouts()
 

@@ -7,7 +7,7 @@ checkpoint when due, and publish the new weights as policy version ``step``. Eve
 ``rl.eval_every`` steps (and before the first, and after the last) the held-out suite is
 evaluated on a fixed seed set.
 
-**Rollout sources** (``protocols.RolloutSource``): ``rl.rollouts.SyncRollouts`` samples a step's
+**Rollout sources** (``protocols.RolloutSource``): ``rl.sync.SyncRollouts`` samples a step's
 groups with the weights of the step before and waits for them (the synchronous loop);
 ``services.async_rl.AsyncRollouts`` runs the asynchronous services, sampling up to
 ``rl.max_staleness`` versions ahead. ``RLRun`` is the same for both: the task stream, scoring,
@@ -357,6 +357,6 @@ def run_rl(config: Config, progress: bool = True, source: RolloutSource | None =
            world: World | None = None) -> RLSummary:
     """Run (or resume) the RL run of ``config`` from ``source`` (the synchronous one when None) on
     rank 0 of ``world``; see the module doc."""
-    from opencomposer.rl.rollouts import SyncRollouts
+    from opencomposer.rl.sync import SyncRollouts
 
     return RLRun(config, source or SyncRollouts(), world=world, progress=progress).run()

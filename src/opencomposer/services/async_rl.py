@@ -1,7 +1,7 @@
 """``opencomposer rl`` with ``rl.mode = "async"``: ``AsyncRollouts``, the rollout source of the
 four services at once (docs/services.md; ``protocols.RolloutSource``).
 
-The synchronous source (``rl.rollouts.SyncRollouts``) alternates: sample a step's groups, then
+The synchronous source (``rl.sync.SyncRollouts``) alternates: sample a step's groups, then
 train on them. Here the services overlap, under the same ``rl.loop.RLRun``:
 
 - **episode workers** (``services.env_workers``, each behind a dispatcher thread of this process)
