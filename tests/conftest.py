@@ -25,6 +25,17 @@ IMPORTORSKIP = "could not import "  # how pytest.importorskip words its skip
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker computes on one thread (torch and the processes it spawns:
+    ``OMP_NUM_THREADS``), so two workers share the machine's two cores instead of each running two
+    threads on them; a test that applies a recipe's ``run.threads`` still gets what it asks for."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def skip_missing(what: str) -> NoReturn:
     """Skip the running test for a dependency or tool this machine lacks (a failure under CI)."""
     pytest.skip(MISSING_DEPENDENCY + what)

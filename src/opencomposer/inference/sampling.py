@@ -1,6 +1,6 @@
 """The distribution a sample is drawn from: temperature, then the top-k / top-p cut, renormalised.
 
-One rule, used by the sampler (``inference.local.sample_tokens``) to draw tokens and record their
+One rule, used by the sampler (``inference.rows.sample_tokens``) to draw tokens and record their
 logprobs, and by the trainer (``training.forward.token_logprobs``) to score the same tokens, for
 the policy and for the KL reference alike. With a cut (``top_p < 1`` or ``top_k > 0``) the
 sampled distribution is not the softmax of the logits: it is that softmax restricted to the kept
