@@ -47,8 +47,9 @@ demo: setup
 
 # pyproject's addopts leave out slow and gpu tests; test-all's -m replaces that selection. Two
 # pytest-xdist workers, each given whole files (a file's module fixtures are built once), one per
-# core; the fifteen slowest tests are listed at the end.
-TEST_FLAGS := -n 2 --dist loadfile --durations=15
+# core, in collection order (tests/conftest.py puts the longest files first; xdist's own reorder,
+# by test count, would start the one-test learning file last); the fifteen slowest are listed.
+TEST_FLAGS := -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 test: setup
 	$(PY) -m pytest -q $(TEST_FLAGS)
 

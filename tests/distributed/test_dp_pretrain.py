@@ -45,8 +45,14 @@ def _rank(rank: int, port: int, cp: int, ep: int, ep_fsdp: bool, folder: str) ->
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize(("cp", "ep", "ep_fsdp"), [(1, 1, False), (2, 1, False), (1, 2, False), (1, 2, True)],
-                         ids=["data", "context", "expert", "expert-fsdp"])
+# Plain pretraining and [[pretrain.phases]] are one trainer: tests/distributed/test_dp_phases.py runs
+# the data, context and expert layouts in the default selection, so here only expert-fsdp does.
+@pytest.mark.parametrize(("cp", "ep", "ep_fsdp"), [
+    pytest.param(1, 1, False, marks=pytest.mark.slow, id="data"),
+    pytest.param(2, 1, False, marks=pytest.mark.slow, id="context"),
+    pytest.param(1, 2, False, marks=pytest.mark.slow, id="expert"),
+    pytest.param(1, 2, True, id="expert-fsdp"),
+])
 def test_pretrain_steps_at_world_size_2_equal_world_size_1(tiny_tokenizer, code_corpus, tmp_path, cp, ep, ep_fsdp):
     from opencomposer.model.loading import load_model
     from tests.training.test_forward import SMALL
