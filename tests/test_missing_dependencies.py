@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
 MODULE = '''
 import pytest
@@ -106,5 +108,6 @@ def test_missing_dependencies_fail_under_ci(tmp_path: Path):
     assert outcomes(tmp_path, ci=True) == UNDER_CI
 
 
+@pytest.mark.slow  # the rule itself runs in the default selection above; this checks that it holds under xdist
 def test_missing_dependencies_fail_under_ci_on_two_workers(tmp_path: Path):
     assert outcomes(tmp_path, ci=True, workers=2) == UNDER_CI

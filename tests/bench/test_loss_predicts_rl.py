@@ -44,6 +44,7 @@ def test_ordering_counts_lower_loss_higher_outcome_pairs():
     assert check["loss_after_sft_falls_with_budget"] is True
 
 
+@pytest.mark.slow  # the script's whole path; its resume is what this adds to test_benchmarks_quick.py's run
 def test_quick_run_writes_the_table_json_and_plot_and_resumes(tmp_path, capsys):
     lpr = _script()
     argv = ["--quick", "--out-dir", str(tmp_path / "work"), "--results", str(tmp_path / "results")]
