@@ -1,4 +1,4 @@
-"""Files that are whole or absent: atomic writes and directories, fsync, the cache folder.
+"""Files that are whole or absent: atomic writes and directories, fsync, the cache folder, locks.
 
 A reader (a resumed run, another process) sees the old file or the new one, never a part: every
 write goes to a hidden temporary name in the same folder, is fsynced, and is renamed into place
@@ -9,10 +9,12 @@ Not here: what is written (checkpoints in ``rl.checkpoint``, task folders in ``t
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,20 @@ def cache_dir() -> Path:
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block: processes
+    that fill the same cache entry take turns, and the second finds the first's result. Released
+    when the block ends or the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def fsync_path(path: Path) -> None:

