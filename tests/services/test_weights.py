@@ -328,3 +328,39 @@ def test_truncate_unpublishes_later_versions_and_publishing_continues(tmp_path):
     replacement = {"w": torch.randn(8, 8)}
     store.publish(replacement, 3)
     assert torch.equal(WeightStore(tmp_path / "store").load(3)["w"], replacement["w"])
+
+
+def test_a_live_subscriber_reloads_a_version_republished_with_other_bytes(tmp_path: Path):
+    """A truncate and a republish under the same number: the subscriber knows a version by its
+    content digest as well as its number, so it reloads (and feeds its sink) instead of keeping
+    the bytes of the version that was unpublished; the same content republished is no reload."""
+
+    class Sink:
+        def __init__(self):
+            self.loaded: list[int] = []
+
+        def load_weights(self, state_dict, version):
+            self.loaded.append(version)
+
+    store, sink = WeightStore(tmp_path), Sink()
+    first = publish_steps(store, [0, 1])
+    live = store.subscribe()
+    assert live.load_into(sink) == 1
+    store.truncate(0)
+    other = {name: t + 1 if t.is_floating_point() else t for name, t in first[1].items()}
+    store.publish(other, 1)  # a full snapshot: truncate forgot the previous version
+    assert live.load_into(sink) == 1 and live.applied == [1]
+    assert_same_bits(live.state_dict, other) and sink.loaded == [1, 1]
+    store.truncate(0)
+    store.publish(other, 1)  # the same content again: nothing to reload
+    assert live.load_into(sink) == 1 and live.applied == [] and sink.loaded == [1, 1]
+
+    # a delta on a republished base: the chain is replayed from the new full snapshot
+    behind = store.subscribe()
+    behind.update(1)
+    store.truncate(0)
+    newer = {name: t * 2 if t.is_floating_point() else t for name, t in first[1].items()}
+    store.publish(newer, 1)
+    store.publish(first[1], 2)  # a delta on the new version 1
+    assert_same_bits(behind.update(2), first[1])
+    assert behind.applied == [1, 2]

@@ -59,7 +59,10 @@ data files, so a listed version never points at deleted bytes.
 order and checks every tensor's checksum at every link; a version that is not published, a link
 whose manifest is missing, a link that is not older than the version it serves, a truncated data
 file, an undecodable frame or a checksum mismatch raises ``WeightStoreError`` naming the version
-(and the tensor). Results are CPU tensors with the published dtypes and shapes.
+(and the tensor). Results are CPU tensors with the published dtypes and shapes. A version's
+identity is its number and its content digest (``digest``: the hash of its tensors' names, dtypes,
+shapes and checksums): a ``Subscriber`` that holds version v rebuilds it when the store's v has
+another digest (truncated and published again with other bytes), rather than keeping the old ones.
 
 **Concurrency.** One publisher per store; any number of readers, in threads or other processes.
 A reader racing a pruning publisher may find the chain it walks deleted under it (it gets a
@@ -332,9 +335,11 @@ class WeightStore:
                 self.fs.rm(self._path(name))
 
     def truncate(self, version: int) -> list[int]:
-        """Unpublish every version above ``version`` (a resumed run drops the versions of the steps
-        its crash lost, so that it can publish them again); returns them. Manifests go first, newest
-        first, so a crash part-way leaves a shorter chain that is still whole."""
+        """Unpublish every version above ``version`` (-1: every version) and return them. A resumed
+        run drops its checkpoint's version and those after it, then publishes that version again
+        whole from the checkpoint (``services.async_rl``). Manifests go first, newest first, so a
+        crash part-way leaves a shorter chain that is still whole. A version published again under
+        a dropped number gets its own content digest, by which subscribers tell it apart."""
         dropped = [v for v in self.versions() if v > version][::-1]
         for v in dropped:
             self.fs.rm(self._path(f"v{v:012d}.json"))
@@ -393,12 +398,13 @@ class WeightStore:
             raise WeightStoreError(f"version {version}: manifest format {manifest.get('format')!r}, expected {FORMAT}")
         return manifest
 
-    def _chain(self, version: int, have: int | None = None) -> list[dict[str, Any]]:
+    def _chain(self, version: int, have: tuple[int, str] | None = None) -> list[dict[str, Any]]:
         """The manifests to apply, oldest first, to rebuild ``version``: from the last full snapshot
-        at or before it or, when ``have`` (a version already rebuilt) is a link of its chain, from
-        the link after ``have`` (empty when ``have == version``)."""
+        at or before it or, when ``have`` (the number and content digest of a version already
+        rebuilt) is a link of its chain, from the link after it (empty when it is ``version``). A
+        link with ``have``'s number and another digest was republished since: not a match."""
         chain = [self._manifest(version)]
-        while chain[-1]["version"] != have and chain[-1]["kind"] == "delta":
+        while not _matches(chain[-1], have) and chain[-1]["kind"] == "delta":
             here, base = chain[-1]["version"], chain[-1]["base"]
             if isinstance(base, bool) or not isinstance(base, int) or base >= here:
                 raise WeightStoreError(
@@ -411,7 +417,7 @@ class WeightStore:
                 raise WeightStoreError(
                     f"version {version}: missing link, delta {here} applies to version {base}: {e}"
                 ) from None
-        if chain[-1]["version"] == have:
+        if _matches(chain[-1], have):
             chain.pop()
         return chain[::-1]
 
@@ -437,6 +443,20 @@ class WeightStore:
             except (zstandard.ZstdError, ValueError, IndexError, KeyError, TypeError) as e:
                 raise WeightStoreError(f"version {version}: tensor {name!r} does not decode ({e})") from None
         return out
+
+
+def digest(manifest: dict[str, Any]) -> str:
+    """The content digest of a version: the xxHash3 of every tensor's name, dtype, shape and
+    checksum, in order. Two manifests with the same digest rebuild the same tensors, whichever
+    way (full or delta) they are stored; a version truncated and published again under its
+    number with other bytes gets another digest."""
+    lines = [f"{e['name']}\t{e['dtype']}\t{e['shape']}\t{e['xxh3_64']}" for e in manifest["tensors"]]
+    return xxhash.xxh3_64_hexdigest("\n".join(lines).encode())
+
+
+def _matches(manifest: dict[str, Any], have: tuple[int, str] | None) -> bool:
+    """Whether ``manifest`` is the version ``have`` names: the same number and content digest."""
+    return have is not None and manifest["version"] == have[0] and digest(manifest) == have[1]
 
 
 def _decode(entry: dict[str, Any], payload: bytes, previous: torch.Tensor | None, version: int) -> torch.Tensor:
@@ -476,37 +496,43 @@ def _decode(entry: dict[str, Any], payload: bytes, previous: torch.Tensor | None
 
 
 class Subscriber:
-    """An inference worker's copy of the policy: ``state_dict`` at ``version``.
+    """An inference worker's copy of the policy: ``state_dict`` at ``version``, whose content
+    digest (``digest``) is ``digest``.
 
     ``update(version=None)`` moves it to ``version`` (the latest when None) and returns the new state
     dict. When its current version is a link of the target's chain it applies only the deltas
     after it (one per version for a worker that keeps up); otherwise (a late joiner, a worker that
     fell behind a full snapshot, or a move backwards) it replays the chain from the full snapshot.
-    A failed update raises ``WeightStoreError`` and leaves the subscriber where it was. ``applied``
-    lists the versions the last update applied, oldest first.
+    A version is known by its number and its digest: one truncated and published again under the
+    same number with other bytes (``WeightStore.truncate``) is not the one it holds, so it is
+    rebuilt, never kept. A failed update raises ``WeightStoreError`` and leaves the subscriber where
+    it was. ``applied`` lists the versions the last update applied, oldest first.
     """
 
     def __init__(self, store: WeightStore):
         self.store = store
         self.version: int | None = None
+        self.digest: str | None = None
         self.state_dict: dict[str, torch.Tensor] = {}
         self.applied: list[int] = []
 
     def update(self, version: int | None = None) -> dict[str, torch.Tensor]:
         target = self.store._target(version)
-        chain = self.store._chain(target, have=self.version)
+        have = None if self.version is None else (self.version, self.digest)
+        chain = self.store._chain(target, have=have)
         # the chain starts after our version, or from a full snapshot that needs nothing before it
         state = {} if chain and chain[0]["kind"] == "full" else self.state_dict
         for manifest in chain:
             state = self.store._apply(manifest, state)
+        if chain:
+            self.digest = digest(chain[-1])
         self.state_dict, self.version, self.applied = state, target, [m["version"] for m in chain]
         return state
 
     def load_into(self, sink: WeightSink, version: int | None = None) -> int:
         """``update(version)``, then hand the state dict to ``sink.load_weights`` when the version
-        moved; returns the version the subscriber is at."""
-        before = self.version
-        state = self.update(version)
-        if self.version != before:
-            sink.load_weights(state, self.version)
+        moved or was republished with other bytes; returns the version the subscriber is at."""
+        self.update(version)
+        if self.applied:
+            sink.load_weights(self.state_dict, self.version)
         return self.version
