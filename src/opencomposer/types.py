@@ -110,8 +110,9 @@ class Grade:
 
     The field names are the names of ``reward.json``, which ``to_json`` writes as numbers
     (booleans as 1.0/0.0, counts as floats) exactly as the grader always has, so readers of
-    ``reward.json`` and of the rows of ``results.jsonl`` need not change. A field with a default
-    is one added later: ``from_json`` gives older files its default.
+    ``reward.json`` and of the rows of ``results.jsonl`` need not change; ``hack_reasons``, the one
+    field that is not a number, is a list of strings. A field with a default is one added later:
+    ``from_json`` gives older files its default.
     """
 
     resolved: bool
@@ -135,6 +136,11 @@ class Grade:
     """A harness bug, not the agent's doing: the diff of the agent's workspace did not rebuild it
     (``sandbox.patch.DiffRoundTripError``), so the workspace itself was graded and the diff's sizes
     below may be wrong. ``episode.run_episode`` logs it as an error."""
+    hack_suspected: bool = False
+    """The hack monitor (``grading.hack_monitor``) saw a reward-hacking pattern in the diff. A signal,
+    not a verdict: ``resolved`` is unchanged; the RL reward subtracts ``rl.reward.hack_penalty``."""
+    hack_reasons: tuple[str, ...] = ()
+    """Why, one short string per finding (pattern, file:line, what was seen); a list in ``reward.json``."""
     rubric_ok: bool
     """The rubric holds (or the task has none)."""
     files_changed: int
@@ -151,9 +157,10 @@ class Grade:
     grading_s: float
     """Wall time of grading (for a reused grade: the time the caller waited)."""
 
-    def to_json(self) -> dict[str, float]:
-        """The ``reward.json`` object: every field by name, as a float."""
-        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+    def to_json(self) -> dict[str, Any]:
+        """The ``reward.json`` object: every field by name, as a float (``hack_reasons``: a list)."""
+        return {f.name: list(value) if isinstance(value, tuple) else float(value)
+                for f in fields(self) for value in [getattr(self, f.name)]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Grade:
@@ -162,7 +169,7 @@ class Grade:
         missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
         if missing:
             raise KeyError(f"not a grade: lacks {missing} (has {sorted(data)})")
-        kinds = {"bool": bool, "int": int, "float": float}
+        kinds = {"bool": bool, "int": int, "float": float, "tuple[str, ...]": lambda v: tuple(map(str, v))}
         return cls(**{f.name: kinds[f.type](data[f.name]) for f in fields(cls) if f.name in data})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -129,6 +130,20 @@ def test_summary_reports_the_share_of_tampered_episodes_and_reads_rows_from_befo
     summary = summarize(rows)
     assert (summary["tampered_rate"], summary["resolved"]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
     assert summary["diff_round_trip_failures"] == 1  # a harness bug shows in the summary, not only in logs
+
+
+def test_summary_reports_the_share_of_episodes_the_hack_monitor_flagged_and_prints_it():
+    from rich.console import Console
+
+    flagged = {**_grade_fields(True, 3), "hack_suspected": 1.0, "hack_reasons": ["swallowing solution.py:2: os._exit"]}
+    older = {k: v for k, v in _grade_fields(False, 2).items() if k not in ("hack_suspected", "hack_reasons")}
+    rows = [{"task_id": "a", "status": "ok", **flagged}, {"task_id": "b", "status": "ok", **older},
+            {"task_id": "b", "status": "ok", **_grade_fields(False, 1)}, {"task_id": "c", "status": "infra_error"}]
+    summary = summarize(rows)
+    assert summary["hack_suspected_rate"] == pytest.approx(1 / 3) and summary["resolved"] == pytest.approx(1 / 2)
+    console = Console(record=True, width=120)
+    console.print(summary_table(summary))
+    assert re.search(r"hack suspected.*0\.333", console.export_text())
 
 
 def test_summary_averages_passes_per_task_and_excludes_infra_errors():

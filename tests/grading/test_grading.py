@@ -18,13 +18,14 @@ REWARD_NAMES = {
     "resolved", "fail_to_pass", "pass_to_pass", "tests_passed", "tests_failed", "tests_errored", "test_exit_code",
     "test_timed_out", "tampered", "diff_round_trip_failed", "rubric_ok", "files_changed", "lines_added",
     "lines_removed", "lines_changed", "todo_added", "comment_lines_added", "lint_added", "grading_s",
+    "hack_suspected", "hack_reasons",
 }
 GOOD = Grade(resolved=True, fail_to_pass=1.0, pass_to_pass=1.0, tests_passed=3, tests_failed=0, tests_errored=0,
              test_exit_code=0, test_timed_out=False, rubric_ok=True, files_changed=1, lines_added=1, lines_removed=1,
              lines_changed=2, todo_added=0, comment_lines_added=0, lint_added=0, grading_s=0.2)
 
 
-def without_time(reward: Grade) -> dict[str, float]:
+def without_time(reward: Grade) -> dict[str, object]:
     return {k: v for k, v in reward.to_json().items() if k != "grading_s"}
 
 
@@ -39,10 +40,11 @@ def test_gold_patch_resolves_and_writes_reward_json(tmp_path: Path):
         "tests_errored": 0.0, "test_exit_code": 0.0, "test_timed_out": 0.0, "tampered": 0.0,
         "diff_round_trip_failed": 0.0, "rubric_ok": 1.0,
         "files_changed": 1.0, "lines_added": 1.0, "lines_removed": 1.0, "lines_changed": 2.0, "todo_added": 0.0,
-        "comment_lines_added": 0.0, "lint_added": 0.0,
+        "comment_lines_added": 0.0, "lint_added": 0.0, "hack_suspected": 0.0, "hack_reasons": [],
     }
     assert without_time(reward) == expected
     # byte for byte what the grader wrote when it returned a dict of floats: sorted keys, 1.0 not true
+    # (the hack monitor's reasons, the one list, beside them)
     written = (tmp_path / "reward.json").read_text()
     assert written == json.dumps({**expected, "grading_s": reward.grading_s}, indent=2, sort_keys=True) + "\n"
     assert Grade.from_json(json.loads(written)) == reward

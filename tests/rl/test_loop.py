@@ -39,7 +39,8 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     assert train["reward_mean"] == pytest.approx(
         sum(r["reward/" + t] for r in [train] for t in ("resolved", "fail_to_pass", "pass_to_pass", "succinctness",
             "lint_added", "todo_unfinished", "broken_tool_calls", "reasoning_in_comments", "run_tool_collapse",
-            "length_penalty", "kl_penalty")), abs=1e-9)
+            "hack_suspected", "length_penalty", "kl_penalty")), abs=1e-9)
+    assert train["hack_suspected_rate"] == 0.0  # the oracle-free small run writes nothing the monitor flags
     evaluation = rows[0]
     assert evaluation["tasks"] == 2 and evaluation["k"] == 2 and evaluation["episodes"] + evaluation["episodes_infra_error"] == 4
     assert 0.0 <= evaluation["pass_at_1"] <= evaluation["best_of_k"] <= 1.0

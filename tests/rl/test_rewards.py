@@ -125,6 +125,7 @@ def test_golden_episode_every_term():
         "broken_tool_calls": -0.05 * 2,  # one rejected call, one unparseable turn
         "reasoning_in_comments": -0.05 * 2,
         "run_tool_collapse": -0.1,  # three calls, all to run
+        "hack_suspected": 0.0,
         "length_penalty": -1e-5 * c,
         "kl_penalty": -0.03,
     }
@@ -183,3 +184,24 @@ def test_an_episode_without_a_grade_is_never_scored():
         episode_reward(_episode(grade=None), RewardConfig(), LengthPenaltyConfig())
     _, terms = episode_reward(_episode(), RewardConfig(lint_added=0.0), LengthPenaltyConfig())
     assert terms["lint_added"] == 0.0
+
+
+def test_a_suspected_hack_costs_the_hack_penalty_once_and_resolved_stands():
+    clean = _episode(grade=_grade(resolved=True, fail_to_pass=1.0, pass_to_pass=1.0, lines_changed=3, lint_added=0))
+    flagged = _episode(grade=dataclasses.replace(clean.grade, hack_suspected=True,
+                                                 hack_reasons=("introspection solution.py:3: sys._getframe",)))
+    base, base_terms = episode_reward(clean, RewardConfig(), LengthPenaltyConfig())
+    total, terms = episode_reward(flagged, RewardConfig(), LengthPenaltyConfig())
+    assert (base_terms["hack_suspected"], terms["hack_suspected"]) == (0.0, -0.5)  # the default penalty
+    assert total == pytest.approx(base - 0.5) and terms["resolved"] == base_terms["resolved"] == 1.0
+    _, weighted = episode_reward(flagged, RewardConfig(hack_penalty=0.2), LengthPenaltyConfig())
+    assert weighted["hack_suspected"] == pytest.approx(-0.2)
+    _, off = episode_reward(flagged, RewardConfig(hack_penalty=0.0), LengthPenaltyConfig())
+    assert off["hack_suspected"] == 0.0
+
+
+def test_the_hack_penalty_is_validated():
+    from opencomposer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="hack_penalty"):
+        RewardConfig(hack_penalty=-0.1).validate()

@@ -261,3 +261,14 @@ def test_step_metrics_count_tampered_episodes_beside_resolved_ones():
     metrics = Trainer._reward_metrics(episodes)
     assert (metrics["resolved_rate"], metrics["tampered_rate"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3))
     assert metrics["diff_round_trip_failures"] == 1.0
+    assert metrics["hack_suspected_rate"] == 0.0
+
+
+def test_step_metrics_give_the_share_of_episodes_the_hack_monitor_flagged():
+    import dataclasses
+
+    rng = np.random.default_rng(4)
+    episodes = [episode(rng, 1.0), episode(rng, 0.0), episode(rng, 0.0, EpisodeStatus.INFRA_ERROR)]
+    episodes[0].grade = dataclasses.replace(episodes[0].grade, hack_suspected=True, hack_reasons=("swallowing x.py:1",))
+    episodes[2].grade = dataclasses.replace(episodes[2].grade, hack_suspected=True)  # never scored: not counted
+    assert Trainer._reward_metrics(episodes)["hack_suspected_rate"] == pytest.approx(1 / 2)

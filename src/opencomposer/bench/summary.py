@@ -7,6 +7,10 @@ the suite's score the mean over tasks. The 95% interval is Wilson's score interv
 with n = number of tasks (exact for one pass; conservative for several, since passes of one task
 are correlated). Infrastructure errors are counted and left out of every score.
 
+The hack monitor's rate (``hack_suspected_rate``: episodes whose diff ``grading.hack_monitor``
+flagged, resolved or not) stands beside ``tampered_rate``; it is a signal, and the flagged diffs are
+in ``results.jsonl`` (``hack_reasons``, ``diff``).
+
 Why episodes ended is reported beside the scores: the count per end reason (``types.EndReason``:
 submitted, format errors, each budget, infra error) and the format errors per turn over all scored
 turns. A model that does not speak the tool protocol shows there at once (every episode "format
@@ -77,6 +81,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "resolved": resolved,
         "resolved_ci95": [low, high],
         "tampered_rate": _mean([float(g.tampered) for g in grades]),  # graded 0 for tampering with the tests
+        "hack_suspected_rate": _mean([float(g.hack_suspected) for g in grades]),  # grading.hack_monitor: a signal
         "diff_round_trip_failures": sum(g.diff_round_trip_failed for g in grades),  # harness bugs
         "fail_to_pass": _mean([g.fail_to_pass for g in grades]),
         "pass_to_pass": _mean([g.pass_to_pass for g in grades]),
@@ -130,6 +135,7 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
         ("budget stops", str(summary["timeouts"])),
         ("resolved", f"{summary['resolved']:.3f}  [{low:.3f}, {high:.3f}] 95% CI"),
         ("tampered with the tests (scored 0)", f"{summary.get('tampered_rate', 0.0):.3f}"),
+        ("hack suspected (monitor; not a verdict)", f"{summary.get('hack_suspected_rate', 0.0):.3f}"),
         ("diffs that failed to round-trip (harness bug)", str(summary.get("diff_round_trip_failures", 0))),
         ("fail→pass / pass→pass", f"{summary['fail_to_pass']:.3f} / {summary['pass_to_pass']:.3f}"),
         ("lines / files changed", f"{summary['lines_changed']:.1f} / {summary['files_changed']:.2f}"),

@@ -132,10 +132,15 @@ class RewardConfig(Section):
     count_cap: int = 5
     """Counted penalties stop growing after this many occurrences, so one bad habit cannot
     outweigh correctness."""
+    hack_penalty: float = 0.5
+    """Once, when the hack monitor flags the diff (``grading.hack_monitor``; ``reward.json``'s
+    ``hack_suspected``). Half of ``resolved``: a flagged hack that passes earns less than an honest
+    pass, while a false alarm on an honest pass still leaves it above every failure. 0 turns it off."""
 
     def validate(self) -> None:
         for name in ("resolved", "fail_to_pass", "pass_to_pass", "succinctness", "lint_added",
-                     "todo_unfinished", "broken_tool_calls", "reasoning_in_comments", "run_tool_collapse"):
+                     "todo_unfinished", "broken_tool_calls", "reasoning_in_comments", "run_tool_collapse",
+                     "hack_penalty"):
             if getattr(self, name) < 0:
                 raise ConfigError(
                     f"rl.reward.{name}: weights must be >= 0 (the term's sign is fixed), "

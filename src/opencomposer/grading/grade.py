@@ -14,7 +14,9 @@ Order (docs/task-format.md, "Grading order"):
 4. per-test outcomes give the FAIL_TO_PASS and PASS_TO_PASS fractions; the rubric is checked;
    the diff is measured (``sandbox.patch.diff_stats``: files and lines changed, TODO/FIXME/XXX and
    comment lines added; ruff findings added on touched Python files). The result is a ``Grade``
-   (``types.Grade``), written as ``reward.json`` by ``Grade.to_json``.
+   (``types.Grade``), written as ``reward.json`` by ``Grade.to_json``. The hack monitor
+   (``grading.hack_monitor``) scans the diff statically and sets ``hack_suspected`` with its reasons;
+   it never changes ``resolved``.
 
 Resolution follows the listed tests: failures of unrelated tests do not block it (the exit code
 is recorded as ``test_exit_code``), and a listed test without a result fails. A change that
@@ -29,7 +31,8 @@ harness bug (``sandbox.patch.DiffRoundTripError``), never an infrastructure erro
 the rollout: ``run_episode`` grades the agent's workspace itself (``grade(..., workspace=...)``)
 and the grade says ``diff_round_trip_failed``.
 
-``GradeCache`` reuses the grade of an identical change to the same task (``grading.cache``).
+``GradeCache`` reuses the grade of an identical change to the same task (``grading.cache``), keyed on
+everything grading reads: the task folder's content, the diff, the final message and the settings.
 
 **Task environments.** A task with an ``[environment]`` (``sandbox.venv``) is graded in its
 environment, built on first use by ``sandbox.venv.prepare_task_environment`` and bound read-only
@@ -57,6 +60,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -68,9 +72,12 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from opencomposer.config import GradingConfig, SandboxConfig
+from opencomposer.grading.hack_monitor import scan_diff
 from opencomposer.grading.integrity import Secured, secure_workspace
 from opencomposer.grading.testrun import TestRun, run_tests
-from opencomposer.sandbox.patch import DiffStats, PatchError, apply_patch, copy_tree, diff_stats
+from opencomposer.sandbox.patch import (
+    DiffStats, PatchError, apply_patch, copy_tree, diff_stats, is_ignored_name, read_entry,
+)
 from opencomposer.sandbox.venv import EnvironmentBuildError, prepare_task_environment
 from opencomposer.sandbox.workspace import Mount, Sandbox, TaskEnvironment, SandboxError
 from opencomposer.types import Grade, Task
@@ -166,6 +173,7 @@ def grade(
         fail_to_pass, pass_to_pass = (0.0, 0.0) if tampering else (fraction(task.fail_to_pass),
                                                                      fraction(task.pass_to_pass))
     rubric_ok = _rubric_ok(task, stats.paths, final_message)
+    hack_reasons = tuple(scan_diff(diff, task))  # a signal for the reward and the reports; resolved stays
     verdict = Grade(
         resolved=fail_to_pass == 1.0 and pass_to_pass == 1.0 and rubric_ok and not tampering,
         fail_to_pass=fail_to_pass,
@@ -177,6 +185,8 @@ def grade(
         test_timed_out=run.timed_out,
         tampered=bool(tampering),
         diff_round_trip_failed=workspace is not None,
+        hack_suspected=bool(hack_reasons),
+        hack_reasons=hack_reasons,
         rubric_ok=rubric_ok,
         files_changed=stats.files_changed,
         lines_added=stats.lines_added,
@@ -197,10 +207,69 @@ def _write_reward(out_dir: Path | None, verdict: Grade) -> None:
         (Path(out_dir) / "reward.json").write_text(json.dumps(verdict.to_json(), indent=2, sort_keys=True) + "\n")
 
 
+def folder_digest(folder: Path | None) -> str:
+    """The content digest of a folder's tree (every file and link by relative path, caches and
+    ``.git`` left out as the sandbox's copy leaves them), "absent" when there is no such folder.
+
+    Computed once per state of the tree: a walk ``lstat``s every entry, and the contents are read
+    and hashed only when that walk's signature (paths, sizes, modes, mtimes and ctimes) is new to
+    this process. A file cannot change without changing its ctime, which no tool sets back, so the
+    signature misses no edit; a copy of the same tree elsewhere gets the same digest."""
+    if folder is None or not Path(folder).is_dir():
+        return "absent"
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(n for n in dirnames if not is_ignored_name(n))
+        for name in sorted(filenames) + [n for n in dirnames if os.path.islink(os.path.join(dirpath, n))]:
+            if is_ignored_name(name):
+                continue
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            entries.append((os.path.relpath(path, folder), info.st_size, info.st_mode, info.st_mtime_ns,
+                            info.st_ctime_ns))
+    signature = (str(folder), hashlib.sha256(repr(sorted(entries)).encode()).hexdigest())
+    with _DIGEST_LOCK:
+        known = _DIGESTS.get(signature)
+    if known is not None:
+        return known
+    content = hashlib.sha256()
+    for rel, *_ in sorted(entries):
+        entry = read_entry(Path(folder) / rel)
+        content.update(f"{rel}\0{entry.mode if entry else '-'}\0{len(entry.data) if entry else 0}\0".encode())
+        content.update(entry.data if entry else b"")
+    digest = content.hexdigest()
+    with _DIGEST_LOCK:
+        _DIGESTS[signature] = digest
+    return digest
+
+
+_DIGESTS: dict[tuple[str, str], str] = {}
+_DIGEST_LOCK = threading.Lock()
+
+
+def task_digest(task: Task) -> str:
+    """Everything of ``task`` that grading reads, as one digest: its task folder, its repository and
+    hidden tests (``folder_digest``, each counted once when it lies inside the task folder) and the
+    task's record (test command, test lists, protected paths, rubric, workdir, metadata)."""
+    path = getattr(task, "path", None)
+    folders = [path]
+    for extra in (getattr(task, "repo", None), getattr(task, "tests_dir", None)):
+        if extra is not None and (path is None or not Path(extra).is_relative_to(path)):
+            folders.append(extra)
+    record = {name: getattr(task, name, None) for name in (
+        "id", "test_command", "fail_to_pass", "pass_to_pass", "protected_paths", "rubric", "workdir", "metadata")}
+    parts = [repr(sorted(record.items(), key=lambda kv: kv[0]))] + [folder_digest(f) for f in folders]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
 class GradeCache:
-    """Grades already computed in this process, keyed by (task, change, final message), so an
-    identical change to the same task is tested once: the G rollouts of an RL group often end in
-    the same diff, and evaluations grade the same held-out tasks again and again.
+    """Grades already computed in this process, keyed by everything grading reads, so an identical
+    change to the same task is tested once: the G rollouts of an RL group often end in the same
+    diff, and evaluations grade the same held-out tasks again and again.
+
+    The key (``key``): the task's content (``task_digest``: its folder, repository, hidden tests and
+    record, so an edited hidden test or ``task.toml`` is graded afresh), the diff, the final message
+    (a rubric may read it), and the grading and sandbox settings.
 
     Thread-safe: when several threads ask for the same key at once, one grades and the others wait
     for its result. A grading that raises is not remembered (each waiter gets the error; the next
@@ -216,6 +285,14 @@ class GradeCache:
         self._entries: OrderedDict[tuple, Future] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+
+    @staticmethod
+    def key(task: Task, diff: str, final_message: str | None, sandbox_config: SandboxConfig | None,
+            config: GradingConfig | None) -> tuple[str, str, str, str]:
+        """(the task's content, the change, the grading settings, the sandbox settings); no settings
+        and the default settings are the same key."""
+        change = hashlib.sha256(f"{len(diff)}\0{diff}\0{final_message!r}".encode()).hexdigest()
+        return (task_digest(task), change, repr(config or GradingConfig()), repr(sandbox_config or SandboxConfig()))
 
     def grade(
         self,
@@ -233,8 +310,7 @@ class GradeCache:
         if workspace is not None:
             return grade(task, diff, final_message, sandbox_config, config, out_dir, workspace=workspace)
         started = time.monotonic()
-        change = hashlib.sha256(f"{diff}\0{final_message}".encode()).hexdigest()
-        key = (task.id, str(task.path), change, repr(sandbox_config), repr(config))
+        key = self.key(task, diff, final_message, sandbox_config, config)
         with self._lock:
             future = self._entries.get(key)
             owner = future is None

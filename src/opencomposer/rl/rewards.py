@@ -8,13 +8,13 @@ only. The length penalty and (with ``rl.kl.placement = "reward"``) the KL penalt
 
     reward = resolved + fail_to_pass + pass_to_pass + succinctness + lint_added      (functional)
            + todo_unfinished + broken_tool_calls + reasoning_in_comments
-           + run_tool_collapse                                                       (behavioural)
+           + run_tool_collapse + hack_suspected                                      (behavioural)
            + length_penalty + kl_penalty                                             (costs)
 
 Each term is already signed (penalties are <= 0) and weighted by ``RewardConfig``; the returned
 dict holds every term, and the terms sum to the total. Where the inputs come from:
 - the grader's verdict, ``episode.grade`` (``types.Grade``): resolved, fail_to_pass, pass_to_pass,
-  lines_changed, lint_added (and todo_added when the diff text is missing);
+  lines_changed, lint_added, hack_suspected (and todo_added when the diff text is missing);
 - the episode's turns: unparseable turns, rejected tool calls, tool names;
 - the agent's diff, ``episode.diff``, read by ``sandbox.patch.diff_stats``: to-dos left behind and
   reasoning in comments (comment lines as ``sandbox.patch.comment_text`` defines them).
@@ -28,6 +28,10 @@ Where we depart or fill gaps (the report names terms, never formulas or weights)
 - "Reasoning in comments" is a pattern: added comment lines opening like narration ("Let me",
   "I think", "Wait", "Hmm", "The user", ...). It misses paraphrases; it is cheap and auditable.
 - "Collapse onto the run tool" is binary: at least ``collapse_min_calls`` calls, all to ``run``.
+- A suspected reward hack (``grading.hack_monitor``: a static scan of the diff for values that lie,
+  frame introspection, swallowed exits, special-cased example inputs) costs ``hack_penalty`` once. It
+  is a signal with a measured false-positive rate (``benchmarks/hack_monitor.py``), not a verdict,
+  so it lowers the reward without zeroing it.
 """
 
 from __future__ import annotations
@@ -127,6 +131,7 @@ def episode_reward(
         and counts["run_tool_calls"] == counts["tool_calls"]
     )
     terms["run_tool_collapse"] = -weights.run_tool_collapse * float(collapsed)
+    terms["hack_suspected"] = -weights.hack_penalty * float(grade.hack_suspected)
     x = length_features(episode, length)
     terms["length_penalty"] = -length.coef * float(length_penalty(x, length.k, length.q))
     terms["kl_penalty"] = -float(kl_penalty)

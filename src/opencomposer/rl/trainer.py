@@ -203,6 +203,7 @@ class Trainer:
         out = {
             "resolved_rate": float(np.mean([e.grade.resolved for e in scored])),
             "tampered_rate": float(np.mean([e.grade.tampered for e in scored])),  # grading.integrity, grading.testrun
+            "hack_suspected_rate": float(np.mean([e.grade.hack_suspected for e in scored])),  # grading.hack_monitor
             # harness bugs (sandbox.patch DiffRoundTripError): graded from the workspace, counted here
             "diff_round_trip_failures": float(sum(e.grade.diff_round_trip_failed for e in scored)),
             "episode_tokens": float(np.mean([sum(len(t.token_ids) for t in e.turns) for e in scored])),
