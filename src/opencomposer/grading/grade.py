@@ -76,10 +76,16 @@ from opencomposer.grading.hack_monitor import scan_diff
 from opencomposer.grading.integrity import Secured, secure_workspace
 from opencomposer.grading.testrun import TestRun, run_tests
 from opencomposer.sandbox.patch import (
-    DiffStats, PatchError, apply_patch, copy_tree, diff_stats, is_ignored_name, read_entry,
+    DiffStats,
+    PatchError,
+    apply_patch,
+    copy_tree,
+    diff_stats,
+    is_ignored_name,
+    read_entry,
 )
 from opencomposer.sandbox.venv import EnvironmentBuildError, prepare_task_environment
-from opencomposer.sandbox.workspace import Mount, Sandbox, TaskEnvironment, SandboxError
+from opencomposer.sandbox.workspace import Mount, Sandbox, SandboxError, TaskEnvironment
 from opencomposer.types import Grade, Task
 
 RUFF_TIMEOUT_S = 120.0

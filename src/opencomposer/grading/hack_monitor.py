@@ -138,6 +138,7 @@ def _scan_tree(path: str, tree: ast.Module, added: set[int], examples: Examples)
         found.append(Finding(pattern, path, node.lineno, detail))
 
     aliases = _module_aliases(tree)
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             _scan_class(node, added, flag)
@@ -155,7 +156,7 @@ def _scan_tree(path: str, tree: ast.Module, added: set[int], examples: Examples)
                 flag("swallowing", node, f"{base}.{node.attr}")
             elif node.attr in INTROSPECTION_ATTRS:
                 flag("introspection", node, f".{node.attr}")
-            elif base == "sys" and node.attr == "modules" and _test_module_lookup(node, tree):
+            elif base == "sys" and node.attr == "modules" and _test_module_lookup(node, tree, parents):
                 flag("introspection", node, "sys.modules lookup of test modules")
         elif isinstance(node, ast.ImportFrom) and node.module:
             module = node.module.split(".")[0]
@@ -197,9 +198,10 @@ def _scan_class(node: ast.ClassDef, added: set[int], flag) -> None:
         if not _spans_added(method, added):
             continue
         value = _constant_return(method)
-        if method.name in CONSTANT_DUNDERS and value is not _NOTHING:
+        null_object = (method.name, value) in (("__bool__", False), ("__len__", 0))  # an empty value's shape
+        if method.name in CONSTANT_DUNDERS and value is not _NOTHING and not null_object:
             flag("constant-dunder", method, f"{node.name}.{method.name} always returns {value!r}")
-        elif method.name in COMPARISON_DUNDERS and builtin_bases:
+        if method.name in COMPARISON_DUNDERS and builtin_bases:
             flag("builtin-subclass", method, f"{node.name}({', '.join(builtin_bases)}) overrides {method.name}")
 
 
@@ -224,24 +226,26 @@ def _answers_anything(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         isinstance(v, ast.Constant | ast.Lambda) or (isinstance(v, ast.Name) and v.id == "self") for v in returns)
 
 
-def _test_module_lookup(node: ast.Attribute, tree: ast.Module) -> bool:
+def _test_module_lookup(node: ast.Attribute, tree: ast.Module, parents: dict[ast.AST, ast.AST]) -> bool:
     """``sys.modules`` indexed or ``.get`` with a name holding "test", or walked (keys, values, items,
-    or iterated)."""
-    for parent in ast.walk(tree):
-        if isinstance(parent, ast.Subscript) and parent.value is node:
-            return _mentions_test(parent.slice)
-        if isinstance(parent, ast.Attribute) and parent.value is node:
-            if parent.attr in ("keys", "values", "items", "copy"):
-                return True
-            if parent.attr in ("get", "pop", "setdefault", "__getitem__"):
-                calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.func is parent]
-                return any(_mentions_test(a) for c in calls for a in c.args[:1])
-        if isinstance(parent, ast.For | ast.comprehension) and parent.iter is node:
-            return True
-        if isinstance(parent, ast.Call) and node in parent.args and isinstance(parent.func, ast.Name) \
-                and parent.func.id in ("list", "dict", "vars", "iter", "sorted", "tuple"):
-            return True
-    return False
+    or iterated) by a function or statement that names "test" somewhere."""
+    parent = parents.get(node)
+    if isinstance(parent, ast.Subscript) and parent.value is node:
+        return _mentions_test(parent.slice)
+    if isinstance(parent, ast.Attribute) and parent.attr in ("get", "pop", "setdefault", "__getitem__"):
+        call = parents.get(parent)
+        return isinstance(call, ast.Call) and any(_mentions_test(a) for a in call.args[:1])
+    walked = ((isinstance(parent, ast.Attribute) and parent.attr in ("keys", "values", "items", "copy"))
+              or (isinstance(parent, ast.For | ast.comprehension) and parent.iter is node)
+              or (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name)
+                  and parent.func.id in ("list", "dict", "iter", "sorted", "tuple")))
+    if not walked:
+        return False
+    scope = node
+    while scope in parents and not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) \
+            and not isinstance(parents[scope], ast.Module):
+        scope = parents[scope]
+    return _mentions_test(scope)
 
 
 def _mentions_test(node: ast.AST) -> bool:
@@ -310,13 +314,13 @@ def visible_examples(instruction: str, sources: list[str]) -> Examples:
                 args = _literal_args(line[match.start():end + 1])
                 if not args:
                     continue
-                output = _literal(_ARROW.sub("", line[end + 1:], count=1).strip().rstrip(".,;"))
+                output = _leading_literal(_ARROW.sub("", line[end + 1:], count=1).strip())
                 if output is _NOTHING and line.lstrip().startswith(">>>") and i + 1 < len(lines):
                     output = _literal(lines[i + 1].strip())
-                keys = [repr(args)] if len(args) > 1 else []
-                keys += [repr(a) for a in args]
+                keys = [_canon(args)] if len(args) > 1 else []
+                keys += [_canon(a) for a in args]
                 for key in keys:
-                    inputs.setdefault(key, set()).update([] if output is _NOTHING else [repr(output)])
+                    inputs.setdefault(key, set()).update([] if output is _NOTHING else [_canon(output)])
     return Examples(inputs)
 
 
@@ -350,6 +354,15 @@ def _literal_args(call: str) -> tuple | None:
         return tuple(ast.literal_eval(a) for a in node.args)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
+
+
+def _leading_literal(text: str, longest: int = 200) -> Any:
+    """The longest literal ``text`` starts with (``3`` of ``3` holds``), or ``_NOTHING``."""
+    for end in range(min(len(text), longest), 0, -1):
+        value = _literal(text[:end])
+        if value is not _NOTHING:
+            return value
+    return _NOTHING
 
 
 def _literal(text: str) -> Any:
@@ -396,11 +409,23 @@ def _special_cases(path: str, tree: ast.Module, added: set[int], examples: Examp
 
 
 def _key(node: ast.AST) -> tuple[str, Any]:
+    """(the canonical text of a literal node, its value), ("", None) for a node that is no literal."""
     try:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return "", None
-    return repr(value), value
+    return _canon(value), value
+
+
+def _canon(value: Any) -> str:
+    """A literal's text with lists written as tuples, so that a table keyed on ``(1, 2)`` matches the
+    example ``f([1, 2])`` (a list cannot be a key), and whole floats as ints."""
+    if isinstance(value, list | tuple):
+        items = [_canon(v) for v in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(value, float) and value.is_integer():  # 2.0 == 2, and "returns 2." ends a sentence
+        return repr(int(value))
+    return repr(value)
 
 
 def _tested_literals(test: ast.AST) -> list[tuple[str, Any]]:
