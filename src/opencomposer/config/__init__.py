@@ -4,7 +4,8 @@ A run is a TOML recipe (``recipes/*.toml``) plus a few ``--set section.key=value
 Every component owns one dataclass, fields documented in place, in the module of its layer:
 ``run``, ``model`` (model, tokenizer, corpus), ``sandbox``, ``agent`` (agent, HTTP policy,
 sampling), ``grading``, ``tasks``, ``rl``, ``pretrain`` (pretraining, SFT), ``numerics``,
-``bench`` (eval), ``basecheck`` (the base-model checks), ``parallel`` (trainer, parallel);
+``bench`` (eval), ``basecheck`` (the base-model checks), ``parallel`` (trainer, parallel),
+``ablation`` (the grid of ``opencomposer ablate``);
 ``recipe.Config`` holds them all. Every section checks itself whenever it is made
 (``section.Section``), so an unknown key, a value of the wrong type, a choice outside its
 ``Literal`` or an impossible combination fails with a ``ConfigError`` that names the key, the value
@@ -14,6 +15,7 @@ and what was expected, whether the config came from a file, an override or code.
 This package imports nothing heavy (no torch), so the CLI can load and check a recipe instantly.
 """
 
+from opencomposer.config.ablation import AblationConfig
 from opencomposer.config.agent import AgentConfig, HttpPolicyConfig, SamplingConfig
 from opencomposer.config.basecheck import BasecheckConfig
 from opencomposer.config.bench import EvalConfig
@@ -40,6 +42,7 @@ from opencomposer.config.services import ServicesConfig
 from opencomposer.config.tasks import TasksConfig
 
 __all__ = [
+    "AblationConfig",
     "AdvantageConfig",
     "AgentConfig",
     "BasecheckConfig",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opencomposer.config.ablation import AblationConfig
 from opencomposer.config.agent import AgentConfig, SamplingConfig
 from opencomposer.config.basecheck import BasecheckConfig
 from opencomposer.config.bench import EvalConfig
@@ -44,6 +45,7 @@ class Config(Section):
     tasks: TasksConfig = field(default_factory=TasksConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
 
     def validate(self) -> None:
         # [numerics] converts the routed experts (opencomposer.numerics.convert); a dense model has none
