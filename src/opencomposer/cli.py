@@ -87,6 +87,14 @@ class _RecipeListFlag(_RecipeFlag):
         self.set(namespace, json.dumps(items))
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds 0,1,2``: integers separated by commas."""
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, e.g. 0,1,2; got {text!r}") from None
+
+
 def _add_recipe_flag(
     p: argparse.ArgumentParser, flag: str, recipe_key: str, help: str, type: type = str, metavar: str | None = "N",
     choices: tuple | None = None, action: type[_RecipeFlag] = _RecipeFlag,
@@ -243,6 +251,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rl", help="synchronous RL in the agent harness; resumes a run folder's newest checkpoint")
     _add_recipe_args(p, paths={**MODEL_PATHS, "rl.train_tasks": "input", "rl.eval_suite": "input", **RUN_DIR})
     p.set_defaults(handler="opencomposer.commands.rl:main")
+
+    p = sub.add_parser("ablate", help="a grid of RL runs over recipe values x seeds: table with 95%% intervals, "
+                                      "ablation.json, report.html; resumable")
+    _add_recipe_args(p, paths={"model.tokenizer_path": "input", "rl.train_tasks": "input", "rl.eval_suite": "input",
+                               "ablation.out": "output_dir", **RUN_DIR})
+    p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
+                   help="a recipe key and its values, a grid axis (repeatable); adds to [ablation] vary, "
+                        "replacing the values it gives a key")
+    _add_recipe_flag(p, "--seeds", "ablation.seeds", "seeds of every cell (run.seed)", type=seed_list,
+                     metavar="S1,S2")
+    _add_recipe_flag(p, "--out", "ablation.out", "folder of the study (default {run.out_dir}/{run.name}-ablation)",
+                     metavar="DIR")
+    _add_recipe_flag(p, "--backend", "ablation.backend", "run the cells here one after another, or as Ray tasks",
+                     metavar=None, choices=("local", "ray"))
+    p.set_defaults(handler="opencomposer.commands.ablate:main")
 
     p = sub.add_parser("report", help="draw an RL run's curves to PNG")
     p.add_argument("run", help="run folder ({run.out_dir}/{run.name})")

@@ -519,3 +519,49 @@ class RayServices:
             log.warning("Ray calls of the episode dispatchers still running 30 s after shutdown began")
         if self.started_ray:
             ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# Independent jobs (``opencomposer ablate --backend ray``)
+
+
+@ray.remote(max_retries=0)
+def _call(fn: Callable[[Any], Any], item: Any, cwd: str) -> Any:
+    """``fn(item)`` in a Ray worker, from the driver's working folder where this node has it (a
+    recipe's relative paths are relative to it)."""
+    import os
+
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    return fn(item)
+
+
+def map_tasks(config: Config, fn: Callable[[Any], Any], stages: list[list[Any]],
+              cpus: float) -> Iterator[tuple[int, int, BaseException | None]]:
+    """Run ``fn(item)`` for every item of every stage as a Ray task of ``cpus`` CPUs, a stage's
+    tasks once the stage before has ended, on the cluster ``services.ray_address`` names (a local
+    one of ``services.ray_num_cpus`` CPUs when empty, stopped at the end if this call started it).
+    Yields ``(stage, index, error)`` as each task ends, ``error`` None when it returned (its
+    result stays with the worker: ``fn`` leaves what it makes on disk). ``fn`` must be importable
+    by the workers (a module-level function of opencomposer); a task is not retried."""
+    import os
+
+    started = _init_ray(config)
+    try:
+        for stage, items in enumerate(stages):
+            pending = {_call.options(num_cpus=cpus).remote(fn, item, os.getcwd()): index
+                       for index, item in enumerate(items)}
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                index = pending.pop(done[0])
+                try:
+                    ray.get(done[0])
+                    error = None
+                except RayTaskError as e:  # the task raised: its own exception, where Ray kept it
+                    error = e.cause if isinstance(e.cause, Exception) else e
+                except RayError as e:  # the worker died
+                    error = e
+                yield stage, index, error
+    finally:
+        if started:
+            ray.shutdown()
