@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,118 @@ def test_grade_cache_reuses_the_grade_of_an_identical_change(tmp_path: Path):
     assert without_time(other) != without_time(first) and other.resolved == 0.0
     assert (cache.hits, cache.misses) == (1, 2)
     assert json.loads((tmp_path / "b" / "reward.json").read_text()) == again.to_json()  # written for the reuse too
+
+
+@pytest.fixture
+def task_copy(tmp_path: Path):
+    """A private copy of the fix-add task folder, free to edit, and the function that loads it."""
+    import shutil
+
+    folder = tmp_path / "fix-add"
+    shutil.copytree(FIXTURES / "fix-add", folder)
+    return folder
+
+
+def counting_grades(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Replace ``grade`` under the cache by one that records each call and grades nothing."""
+    import dataclasses
+
+    from opencomposer.grading import grade as grading
+
+    calls: list[tuple] = []
+
+    def fake(task, diff, final_message=None, sandbox_config=None, config=None, out_dir=None):
+        calls.append((diff, final_message))
+        return dataclasses.replace(GOOD, resolved=len(calls) % 2 == 1)
+
+    monkeypatch.setattr(grading, "grade", fake)
+    return calls
+
+
+def test_grade_cache_key_changes_with_every_part_grading_reads(task_copy: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each part of the key, dropped, would let one of these reuse a grade it must not: the final
+    message, a hidden test, task.toml, a repo file, a file of the task folder grading never names
+    (a verifier or environment file), the grading and the sandbox settings."""
+    from opencomposer.config import SandboxConfig
+    from opencomposer.grading.grade import GradeCache
+
+    calls = counting_grades(monkeypatch)
+    cache = GradeCache()
+    task = load_task(task_copy)
+    cache.grade(task, "d", "first answer")
+    cache.grade(task, "d", "first answer", config=GradingConfig())  # no settings = the default settings
+    cache.grade(load_task(task_copy), "d", "first answer")  # the same folder loaded again
+    assert len(calls) == 1 and cache.hits == 2
+    hidden = task_copy / "tests" / "files" / "tests" / "test_add.py"
+    toml = task_copy / "task.toml"
+    changes = [  # (what changes, then the arguments graded with); each must be graded afresh, once
+        (lambda: None, {"final_message": "another answer"}),
+        (lambda: None, {"final_message": None}),
+        (lambda: hidden.write_text("def test_x():\n    pass\n"), {}),
+        (lambda: toml.write_text(toml.read_text() + "# edited\n"), {}),
+        (lambda: (task_copy / "repo" / "calc.py").write_text("def add(a, b):\n    return 0\n"), {}),
+        (lambda: (task_copy / "verifier").mkdir() or (task_copy / "verifier" / "test.sh").write_text("exit 0\n"), {}),
+        (lambda: None, {"config": GradingConfig(timeout_s=7)}),
+        (lambda: None, {"sandbox_config": SandboxConfig(isolation="none")}),
+    ]
+    for number, (change, different) in enumerate(changes, 2):
+        change()
+        arguments = {"final_message": None, **different}
+        cache.grade(task, "d", **arguments)
+        cache.grade(task, "d", **arguments)
+        assert len(calls) == number, f"change {number - 1} did not change the key"
+
+
+def test_grade_cache_digest_of_a_folder_is_computed_once_per_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import os
+
+    from opencomposer.grading import grade as grading
+
+    (tmp_path / "a.txt").write_text("one")
+    settled = (time.time_ns() - 10**10,) * 2
+    os.utime(tmp_path / "a.txt", ns=settled)  # ten seconds old (its ctime is now: hashed again, see below)
+    monkeypatch.setattr(grading, "RACY_S", 0.0)
+    first = grading.folder_digest(tmp_path)
+    reads = []
+    monkeypatch.setattr(grading, "read_entry", lambda path: reads.append(path) or None)
+    assert grading.folder_digest(tmp_path) == first and reads == []  # unchanged: no file is read again
+    monkeypatch.undo()
+    (tmp_path / "a.txt").write_text("two")  # same size, and mtime and ctime maybe in the same clock tick
+    os.utime(tmp_path / "a.txt", ns=settled)  # even set back: the recent ctime makes it hashed again
+    assert grading.folder_digest(tmp_path) != first
+    other = tmp_path.parent / (tmp_path.name + "-copy")
+    other.mkdir()
+    (other / "a.txt").write_text("two")
+    assert grading.folder_digest(other) == grading.folder_digest(tmp_path)  # content, not place
+    assert grading.folder_digest(tmp_path / "absent") == "absent"
+
+
+@pytest.mark.bwrap
+def test_grade_cache_never_lends_a_rubric_verdict_to_a_different_final_message(tmp_path: Path):
+    from opencomposer.grading.grade import GradeCache
+
+    task = write_task(tmp_path / "question", task_id="question", instruction="What is 6 x 7? Change nothing.",
+                      repo={"notes.txt": "x\n"}, fail_to_pass=[], pass_to_pass=[],
+                      rubric={"expect_no_edit": True, "final_message_must_match": [r"\b42\b"]})
+    cache = GradeCache()
+    right = cache.grade(task, "", "It is 42.")
+    wrong = cache.grade(task, "", "It is 41.")
+    assert (right.rubric_ok, right.resolved) == (True, True)
+    assert (wrong.rubric_ok, wrong.resolved) == (False, False)
+    assert cache.hits == 0
+
+
+@pytest.mark.bwrap
+def test_grade_cache_regrades_after_a_hidden_test_is_edited(task_copy: Path):
+    from opencomposer.grading.grade import GradeCache
+
+    cache = GradeCache()
+    task = load_task(task_copy)
+    assert cache.grade(task, task.gold_patch, "Fixed add.").resolved
+    hidden = task_copy / "tests" / "files" / "tests" / "test_add.py"
+    hidden.write_text(hidden.read_text().replace("== ", "== 1 + "))  # every expected sum off by one
+    assert not cache.grade(task, task.gold_patch, "Fixed add.").resolved
+    assert (cache.hits, cache.misses) == (0, 2)
 
 
 def test_grade_cache_grades_a_key_once_across_threads_and_forgets_failures(monkeypatch: pytest.MonkeyPatch):

@@ -220,9 +220,12 @@ def folder_digest(folder: Path | None) -> str:
     Computed once per state of the tree: a walk ``lstat``s every entry, and the contents are read
     and hashed only when that walk's signature (paths, sizes, modes, mtimes and ctimes) is new to
     this process. A file cannot change without changing its ctime, which no tool sets back, so the
-    signature misses no edit; a copy of the same tree elsewhere gets the same digest."""
+    signature misses no edit; except that the clock behind those times ticks coarsely (milliseconds),
+    so a tree with an entry changed in the last ``RACY_S`` seconds is hashed again on every call
+    (git's "racy clean" rule). A copy of the same tree elsewhere gets the same digest."""
     if folder is None or not Path(folder).is_dir():
         return "absent"
+    walked_ns = time.time_ns()
     entries = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(n for n in dirnames if not is_ignored_name(n))
@@ -244,11 +247,13 @@ def folder_digest(folder: Path | None) -> str:
         content.update(f"{rel}\0{entry.mode if entry else '-'}\0{len(entry.data) if entry else 0}\0".encode())
         content.update(entry.data if entry else b"")
     digest = content.hexdigest()
-    with _DIGEST_LOCK:
-        _DIGESTS[signature] = digest
+    if all(walked_ns - max(mtime, ctime) > RACY_S * 1e9 for *_, mtime, ctime in entries):
+        with _DIGEST_LOCK:
+            _DIGESTS[signature] = digest
     return digest
 
 
+RACY_S = 2.0
 _DIGESTS: dict[tuple[str, str], str] = {}
 _DIGEST_LOCK = threading.Lock()
 
