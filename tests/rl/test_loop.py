@@ -64,6 +64,7 @@ def test_rl_loop_records_steps_evaluations_checkpoints_and_resumes(tmp_path):
     assert [r["index"] for r in state["trained"]] == list(range(6))
     episodes = [json.loads(line) for line in (run_dir / "rollouts" / "step-000003.jsonl").read_text().splitlines()]
     assert {v for e in episodes for v in e["policy_versions"]} == {2}
+    assert all(e["hack_suspected"] is False and e["hack_reasons"] == [] and "diff" not in e for e in episodes)
 
     # a torn last line (a kill mid-write) is dropped on resume; a changed task stream is refused
     with (run_dir / "metrics.jsonl").open("a") as log:

@@ -11,7 +11,8 @@ The stages, each with a progress bar (plain lines when stdout is not a terminal)
 3. **rl**: the synchronous RL loop in the harness, from the SFT checkpoint, evaluating the held-out
    split before, during and after (``rl/``; a rerun starts this stage afresh);
 4. **report**: the RL curves as PNG (``rl/report.png``), the held-out pass rate before and after,
-   and ``report.html``: every stage on one self-contained page (images embedded).
+   and ``report.html``: every stage on one self-contained page (images embedded), with the hack
+   monitor's rate and every flagged episode's reasons and diff (``rl.report.hack_monitor_section``).
 
 Stages 2-3 run when the recipe names a task family (``sft.task_family``) and ``rl.steps > 0``.
 """
@@ -108,7 +109,7 @@ def _sft_rl_report(config: Config, checkpoint: Path, console, report) -> None:
     from opencomposer.pretrain.plots import plot_loss
     from opencomposer.pretrain.sft import run_sft
     from opencomposer.rl.loop import run_rl
-    from opencomposer.rl.report import draw_report
+    from opencomposer.rl.report import draw_report, hack_monitor_section
 
     sft_config, rl_config = stage_configs(config, checkpoint)
     sft = config.sft
@@ -137,6 +138,7 @@ def _sft_rl_report(config: Config, checkpoint: Path, console, report) -> None:
                 f"Held-out: {rl.eval_tasks} tasks of phrasings never trained on × {rl.eval_samples} samples, "
                 f"the same sampling seeds at every evaluation.")
     report.image(paths[-1], "RL curves")
+    hack_monitor_section(report, summary.run_dir)
     report.section("heldout", "4. Held-out pass rate before and after RL")
     first, last = summary.first_eval, summary.last_eval
     if first and last:

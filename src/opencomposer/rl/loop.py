@@ -27,7 +27,8 @@ The steps after it are replayed from the same stream position with the same epis
 
 Outputs under ``{run.out_dir}/{run.name}``: ``recipe.toml``, ``initial/`` (the starting policy,
 also the KL reference), ``checkpoints/``, ``metrics.jsonl``, ``tb/`` (TensorBoard),
-``rollouts/step-NNNNNN.jsonl`` (one line per episode), ``summary.json``. ``opencomposer report RUN``
+``rollouts/step-NNNNNN.jsonl`` (one line per episode; a diff the hack monitor flagged is kept there
+with its reasons, for ``report.html``), ``summary.json``. ``opencomposer report RUN``
 draws the curves.
 """
 
@@ -57,6 +58,7 @@ from opencomposer.rl.checkpoint import (
     remove_partial,
     save_training_checkpoint,
 )
+from opencomposer.rl.report import hack_record
 from opencomposer.training.metrics import MetricsLog, read_metrics
 from opencomposer.training.progress import ProgressBar
 from opencomposer.types import EpisodeStatus, Group, InfrastructureDown
@@ -302,6 +304,8 @@ class RLRun:
                     "summary_texts": episode.summaries,
                     "policy_versions": episode.policy_versions, "error": episode.error,
                     "final_turn": episode.turns[-1].text if episode.turns else "",
+                    # the hack monitor's verdict (grading.hack_monitor), and the diff it flagged
+                    **hack_record(episode.grade, episode.diff),
                 }))
         folder = self.run_dir / "rollouts"
         folder.mkdir(exist_ok=True)

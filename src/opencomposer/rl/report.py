@@ -6,6 +6,11 @@ best-of-K), loss, KL (to the reference, and sampler-vs-trainer mismatch), entrop
 (model tokens and turns per episode), the named reward terms and, for async runs, staleness (mean,
 max, and the share of trained tokens at each staleness: the histogram per step). A metric the run never logged is
 left out of its panel; a panel with nothing to draw is skipped.
+
+The hack monitor (``grading.hack_monitor``) is on the pass-rate panel (``hack_suspected_rate``), and
+``hack_monitor_section`` puts it on an HTML report (``training.html``; the quickstart's
+``report.html``): the rate per step and every flagged episode with its reasons and its diff, one
+click away. The rollout records keep the diff of a flagged episode for it (``hack_record``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from pathlib import Path
 PANELS: dict[str, list[tuple[str, str, str]]] = {  # panel -> [(kind, metric, label)]
     "reward": [("train", "reward_mean", "train mean reward"), ("eval", "mean_reward", "held-out mean reward")],
     "pass_rate": [("train", "resolved_rate", "train resolved rate"), ("eval", "pass_at_1", "held-out pass@1"),
-                  ("eval", "best_of_k", "held-out best-of-K")],
+                  ("eval", "best_of_k", "held-out best-of-K"),
+                  ("train", "hack_suspected_rate", "train hack suspected rate (monitor)")],
     "loss": [("train", "loss", "loss")],
     "kl": [("train", "kl_ref", "KL(policy ‖ reference), k1"), ("train", "kl_sampler", "KL(sampler ‖ trainer), k3"),
            ("train", "kl_penalty_mean", "KL penalty per episode")],
@@ -116,3 +122,49 @@ def draw_report(run_dir: Path) -> list[Path]:
     plt.close(combined)
     written.append(path)
     return written
+
+
+def hack_record(grade, diff: str | None) -> dict:
+    """The hack monitor's fields of one rollout record: its verdict and reasons, and the diff when
+    it was flagged (only then, to keep the records small)."""
+    flagged = grade is not None and grade.hack_suspected
+    return {"hack_suspected": flagged, "hack_reasons": list(grade.hack_reasons) if flagged else [],
+            **({"diff": diff} if flagged else {})}
+
+
+def flagged_episodes(run_dir: Path) -> list[dict]:
+    """Every rollout record of the run (``rollouts/step-*.jsonl``) the hack monitor flagged, in
+    step order."""
+    rows = []
+    for path in sorted((Path(run_dir) / "rollouts").glob("step-*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("hack_suspected"):
+                rows.append(row)
+    return rows
+
+
+def hack_monitor_section(report, run_dir: Path, limit: int = 50) -> None:
+    """Add the hack monitor's findings to ``report`` (a ``training.html.HtmlReport`` with a section
+    open): the share of training episodes it flagged, then each flagged episode (the first
+    ``limit``) with its reasons and its diff folded under it."""
+    rows = [row for row in read_metrics(run_dir) if row.get("kind") == "train" and "hack_suspected_rate" in row]
+    flagged = flagged_episodes(run_dir)
+    rate = sum(row["hack_suspected_rate"] for row in rows) / len(rows) if rows else 0.0
+    report.text(f"Hack monitor (a static scan of each diff for reward-hacking patterns; a signal, not a "
+                f"verdict): {rate:.3f} of training episodes flagged on average over {len(rows)} steps, "
+                f"{len(flagged)} flagged episodes in all.")
+    if not flagged:
+        return
+    report.table(["step", "task", "sample", "resolved", "reward", "reasons"],
+                 [[row["step"], row["task_id"], row["sample"], row.get("resolved"),
+                   f"{row['reward']:.3f}" if isinstance(row.get("reward"), int | float) else row.get("reward"),
+                   "; ".join(row["hack_reasons"])] for row in flagged[:limit]])
+    for row in flagged[:limit]:
+        report.details(f"diff of step {row['step']}, {row['task_id']}, sample {row['sample']}: "
+                       f"{'; '.join(row['hack_reasons'])}", row.get("diff") or "(no diff recorded)")
+    if len(flagged) > limit:
+        report.text(f"... and {len(flagged) - limit} more flagged episodes in rollouts/.", note=True)

@@ -27,6 +27,7 @@ td:first-child, th:first-child { text-align: left; }
 pre { background: #f6f6f6; padding: .7em; overflow-x: auto; white-space: pre-wrap; font-size: 85%; }
 img { max-width: 100%; border: 1px solid #ddd; margin: .5em 0; }
 nav a { margin-right: 1em; }
+details { margin: .3em 0; } summary { cursor: pointer; font-size: 90%; }
 .note { color: #555; font-size: 90%; }
 """
 
@@ -54,6 +55,10 @@ class HtmlReport:
     def code(self, text: str, caption: str = "") -> None:
         head = f"<p><b>{html.escape(caption)}</b></p>" if caption else ""
         self._add(f"{head}<pre>{html.escape(text)}</pre>")
+
+    def details(self, summary: str, text: str) -> None:
+        """A folded block: ``summary`` shown, ``text`` (as code) one click away."""
+        self._add(f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(text)}</pre></details>")
 
     def table(self, header: list[str], rows: list[list[object]]) -> None:
         head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
