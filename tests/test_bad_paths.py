@@ -50,6 +50,8 @@ CASES = {
     "rl": [["--recipe", M], ["--set", f"rl.train_tasks={M}"], ["--set", f"rl.train_tasks={SUITE}", "--set",
            f"rl.eval_suite={M}"], ["--set", f"model.path={M}"], ["--set", f"model.tokenizer_path={M}"],
            ["--set", f"run.out_dir={U}"]],
+    "ablate": [["--recipe", M], ["--out", U], ["--set", f"rl.train_tasks={M}"], ["--set", f"model.path={M}"],
+               ["--set", f"model.tokenizer_path={M}"], ["--set", f"run.out_dir={U}"]],
     "report": [[M]],
     "serve": [["--model", M]],
     "basecheck": [["--model", M, "--out", "{tmp}/b.json"], ["--model", "tiny_moe", "--out", U],

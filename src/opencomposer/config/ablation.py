@@ -137,10 +137,12 @@ def split_values(text: str) -> list[str]:
     return values
 
 
-def cell_name(cell: dict[str, Any]) -> str:
-    """A cell's folder name, ``rl.lr=1e-4,rl.kl.coef=0``; ``base`` for the cell of an empty grid.
-    Characters a folder name should not hold become ``_``."""
+def cell_name(cell: dict[str, str]) -> str:
+    """A cell's folder name, ``rl.lr=1e-4,rl.kl.estimator=k3``; ``base`` for the cell of an empty
+    grid. A quoted string value loses its quotes; characters a folder name should not hold become ``_``."""
     if not cell:
         return "base"
-    text = ",".join(f"{key}={value}" for key, value in cell.items())
+    unquoted = {key: value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "\"'" else value
+                for key, value in cell.items()}
+    text = ",".join(f"{key}={value}" for key, value in unquoted.items())
     return "".join(c if c.isalnum() or c in "._=,+-" else "_" for c in text)
