@@ -147,6 +147,26 @@ def test_the_plan_shares_sft_across_rl_keys_only(tmp_path: Path):
     assert jobs[3].sft.sft.lr == 1e-2
 
 
+def test_the_plan_chains_pretraining_sft_and_rl_like_the_quickstart(tmp_path: Path):
+    from opencomposer.commands.ablate import plan
+
+    quickstart = str(ROOT / "recipes" / "quickstart.toml")
+    study = AblationConfig(vary=["rl.lr=1e-3,3e-4"], seeds=[3], prefix="pretrain_sft")
+    runs, jobs = plan(quickstart, [], study, tmp_path)
+    (shared, *cells) = jobs
+    assert shared.run is None and shared.pretrain.run.path == tmp_path / "shared" / "seed-3-pretrain"
+    assert shared.pretrain.run.seed == shared.sft.run.seed == 3
+    assert shared.sft.sft.init == str(tmp_path / "shared" / "seed-3-pretrain" / "checkpoint")
+    assert [(job.pretrain, job.sft, job.rl.model.kind, job.rl.model.path) for job in cells] == [
+        (None, None, "hf", str(tmp_path / "shared" / "seed-3-sft"))] * 2
+    assert [job.rl.rl.lr for job in cells] == [1e-3, 3e-4]
+
+    runs, jobs = plan(quickstart, [], replace(study, vary=["pretrain.lr=1e-3,3e-3"]), tmp_path)
+    assert len(jobs) == 2 and jobs[1].pretrain.pretrain.lr == 3e-3
+    assert jobs[1].pretrain.run.path == tmp_path / "cells" / "pretrain.lr=3e-3" / "seed-3-pretrain"
+    assert jobs[1].rl.model.path == jobs[1].sft.sft.out == str(tmp_path / "cells" / "pretrain.lr=3e-3" / "seed-3-sft")
+
+
 # ------------------------------------------------------------------------------------------ command
 
 
@@ -220,11 +240,12 @@ def test_a_grid_runs_reports_skips_finished_runs_and_resumes_a_killed_one(tmp_pa
 
 @pytest.mark.integration
 @pytest.mark.bwrap
-def test_the_sft_prefix_runs_once_per_seed_for_every_cell(tmp_path: Path):
+def test_the_sft_prefix_runs_once_per_seed_for_every_cell(tmp_path: Path, capsys):
     out = tmp_path / "study"
     shrunk = ["sft.steps=2", "sft.num_tasks=2", "sft.batch_size=2", "rl.steps=1", "rl.batch_tasks=2",
               "rl.group_size=2", "rl.eval_every=1", "rl.eval_tasks=2", "rl.eval_samples=2"]
-    assert main(["ablate", "--recipe", str(STUDY), "--seeds", "0", "--out", str(out), *sets(*shrunk)]) == 0
+    argv = ["ablate", "--recipe", str(STUDY), "--seeds", "0", "--out", str(out), *sets(*shrunk)]
+    assert main(argv) == 0
     assert [p.name for p in (out / "shared").iterdir()] == ["seed-0-sft"]
     assert not list(out.glob("cells/*/*-sft"))
     for run_dir in out.glob("cells/*/seed-0"):
@@ -232,6 +253,9 @@ def test_the_sft_prefix_runs_once_per_seed_for_every_cell(tmp_path: Path):
     record = json.loads((out / "ablation.json").read_text())
     assert [c["status"] for c in record["cells"]] == ["finished", "finished"]
     assert "One seed" in record["table"]["note"]
+    made = (out / "shared" / "seed-0-sft" / "model.safetensors").stat().st_mtime_ns
+    assert main(argv) == 0 and "0 jobs to run" in capsys.readouterr().out  # nothing again, the prefix neither
+    assert (out / "shared" / "seed-0-sft" / "model.safetensors").stat().st_mtime_ns == made
 
 
 @pytest.mark.slow  # a local Ray cluster and two workers importing torch: a minute on two busy cores
@@ -256,3 +280,28 @@ def test_the_ray_backend_runs_the_grid_as_tasks(tmp_path: Path):
         ("rl.kl.estimator=k1", 0, "finished"), ("rl.kl.estimator=k1", 1, "finished")]
     assert all(set(c["metrics"]) == set(record["metrics"]) for c in record["cells"])
     assert (out / "report.html").is_file()
+
+
+QUICKSTART_SHRUNK = [  # tests/commands/test_quickstart.py's
+    "run.threads=1", 'corpus.sources=["stdlib"]', "corpus.max_files=1000", "model.hidden_size=32", "model.num_layers=1",
+    "model.head_dim=8", "model.num_experts=4", "model.moe_intermediate_size=32", "pretrain.max_steps=24",
+    "pretrain.warmup_steps=4", "pretrain.eval_every=12", "pretrain.seq_len=64", "sft.steps=2", "sft.num_tasks=2",
+    "sft.batch_size=2", "sft.warmup_steps=1", "rl.steps=1", "rl.batch_tasks=1", "rl.group_size=2",
+    "rl.lr_warmup_steps=0", "rl.eval_every=1", "rl.eval_tasks=1", "rl.eval_samples=1", "rl.checkpoint_every=1",
+]
+
+
+@pytest.mark.slow  # pretraining gathers a corpus and trains a tokenizer first
+@pytest.mark.integration
+@pytest.mark.bwrap
+def test_the_quickstart_chain_pretrains_and_fine_tunes_once_per_seed(tmp_path: Path):
+    out = tmp_path / "study"
+    argv = ["ablate", "--recipe", str(ROOT / "recipes" / "quickstart.toml"), "--vary", "rl.lr=1e-3,3e-4",
+            "--seeds", "0", "--out", str(out), *sets(*QUICKSTART_SHRUNK, "ablation.prefix=pretrain_sft")]
+    assert main(argv) == 0
+    assert sorted(p.name for p in (out / "shared").iterdir()) == ["seed-0-pretrain", "seed-0-sft"]
+    assert (out / "shared" / "seed-0-pretrain" / "checkpoint" / "config.json").is_file()
+    for run_dir in out.glob("cells/*/seed-0"):
+        assert load_recipe(run_dir / "recipe.toml").model.path == str(out / "shared" / "seed-0-sft")
+    record = json.loads((out / "ablation.json").read_text())
+    assert [c["status"] for c in record["cells"]] == ["finished", "finished"]

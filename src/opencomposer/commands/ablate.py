@@ -12,15 +12,16 @@ run again; any other resumes through the RL run's own resume (its newest checkpo
 killed half way continues where it stopped when the same command runs again.
 
 **Prefix.** With ``ablation.prefix = "sft"`` the recipe's SFT stage runs first and RL starts from
-its checkpoint. When every varied key is an ``rl.*`` key the SFT stage does not depend on the
-cell, and it runs once per seed, ``{out}/shared/seed-{S}-sft``, for every cell of that seed;
-otherwise each cell has its own, ``{out}/cells/{cell}/seed-{S}-sft``. A finished SFT checkpoint
-is never recomputed. Pretraining is not a stage of the study: start from a pretrained
-``model.path`` (or ``sft.init``).
+its checkpoint; with ``"pretrain_sft"`` pretraining runs before it and SFT starts from the
+pretrained checkpoint (the quickstart's chain). When every varied key is an ``rl.*`` key the
+prefix does not depend on the cell, and it runs once per seed, under ``{out}/shared/``
+(``seed-{S}-pretrain/``, ``seed-{S}-sft/``), for every cell of that seed; otherwise each cell has
+its own, beside its runs (``{out}/cells/{cell}/seed-{S}-sft``). A finished stage (its final
+checkpoint folder exists) is never recomputed.
 
 **Backends.** ``local`` runs the jobs one after another in this process (a line per job in a log,
 a bar on a terminal); ``ray`` hands them to a Ray cluster as tasks (``services.ray_backend.map_tasks``),
-the shared SFT stages first, then the cells.
+the shared prefixes first, then the cells.
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ if TYPE_CHECKING:  # imports torch, which the command line loads only when a com
 
 @dataclass
 class Job:
-    """What one task of the study runs: SFT (``sft``, skipped when its checkpoint exists), then RL
-    (``rl``, skipped when finished); either may be None. ``run``: the ``CellRun`` it fills, if any."""
+    """What one task of the study runs, each stage skipped when it is done: pretraining
+    (``pretrain``: its run folder has its final ``checkpoint/``), SFT (``sft``: its checkpoint
+    folder exists), then RL (``rl``: ``finished``); any may be None. ``run``: the index of the
+    ``CellRun`` it fills, None for a shared prefix."""
 
+    pretrain: Config | None
     sft: Config | None
     rl: Config | None
     run: int | None = None
@@ -76,11 +80,35 @@ def out_dir(config: Config, study: AblationConfig) -> Path:
     return Path(study.out) if study.out else Path(config.run.out_dir) / f"{config.run.name}-ablation"
 
 
+def prefix_stages(config: Config, prefix: str, parent: Path, seed: int) -> tuple[Config | None, Config]:
+    """The prefix stages of ``config`` (a recipe with its seed) in folder ``parent``: pretraining
+    in ``{parent}/seed-{seed}-pretrain`` (for "pretrain_sft"), then SFT into ``{parent}/seed-{seed}-sft``,
+    from the pretrained checkpoint when there is one (the quickstart's chain)."""
+    sft = replace(config.sft, out=str(parent / f"seed-{seed}-sft"))
+    pretrain = None
+    if prefix == "pretrain_sft":
+        pretrain = replace(config, run=replace(config.run, out_dir=str(parent), name=f"seed-{seed}-pretrain"))
+        sft = replace(sft, init=str(pretrain.run.path / "checkpoint"))
+    elif sft.init:
+        check_recipe_paths(config, {"sft.init": "input"})
+    return pretrain, replace(config, sft=sft)
+
+
+def after_prefix(config: Config, prefix: str, sft_out: str) -> Config:
+    """The RL recipe of a run whose prefix wrote its SFT checkpoint to ``sft_out``: RL starts there
+    (and, after pretraining, takes the SFT task family when it names none, as the quickstart does)."""
+    config = replace(config, model=replace(config.model, path=sft_out))
+    if prefix == "pretrain_sft":
+        config = replace(config, model=replace(config.model, kind="hf"),
+                         rl=replace(config.rl, task_family=config.rl.task_family or config.sft.task_family))
+    return config
+
+
 def plan(recipe: str | None, overrides: list[str], study: AblationConfig, out: Path) -> tuple[list[CellRun], list[Job]]:
-    """Every cell and seed as a ``CellRun`` and the jobs that produce them: the shared SFT stages
+    """Every cell and seed as a ``CellRun`` and the jobs that produce them: the shared prefixes
     first (one per seed), then one job per run."""
-    shared = study.prefix == "sft" and all(parse_vary(item)[0].startswith("rl.") for item in study.vary)
-    runs, jobs, shared_jobs = [], [], []
+    shared = study.prefix != "none" and all(parse_vary(item)[0].startswith("rl.") for item in study.vary)
+    runs, jobs, shared_jobs = [], [], {}
     names: dict[str, dict[str, str]] = {}
     for cell in study.grid():
         name = cell_name(cell)
@@ -90,26 +118,28 @@ def plan(recipe: str | None, overrides: list[str], study: AblationConfig, out: P
             where = [f"run.out_dir={out / 'cells' / name}", f"run.name=seed-{seed}", f"run.seed={seed}"]
             config = load_recipe(recipe, [*overrides, *(f"{k}={v}" for k, v in cell.items()), *where])
             config = replace(config, ablation=AblationConfig())  # each run's recipe is an ordinary one
-            sft = None
-            if study.prefix == "sft":
-                sft_dir = out / "shared" / f"seed-{seed}-sft" if shared else out / "cells" / name / f"seed-{seed}-sft"
-                if not shared:
-                    sft = replace(config, sft=replace(config.sft, out=str(sft_dir)))
-                elif len(shared_jobs) < len(study.seeds):  # the first cell's seeds: one shared SFT each
-                    base = load_recipe(recipe, [*overrides, f"run.out_dir={out / 'shared'}", f"run.name=seed-{seed}",
-                                                f"run.seed={seed}", f"sft.out={sft_dir}"])
-                    shared_jobs.append(Job(replace(base, ablation=AblationConfig()), None))
-                config = replace(config, model=replace(config.model, path=str(sft_dir)))
+            pretrain = sft = None
+            if shared:
+                if seed not in shared_jobs:  # one prefix per seed, from the recipe without the cell's values
+                    base = load_recipe(recipe, [*overrides, f"run.seed={seed}"])
+                    shared_jobs[seed] = Job(*prefix_stages(replace(base, ablation=AblationConfig()), study.prefix,
+                                                           out / "shared", seed), None)
+                config = after_prefix(config, study.prefix, shared_jobs[seed].sft.sft.out)
+            elif study.prefix != "none":
+                pretrain, sft = prefix_stages(config, study.prefix, out / "cells" / name, seed)
+                config = after_prefix(config, study.prefix, sft.sft.out)
             elif config.model.path:
                 check_recipe_paths(config, {"model.path": "input"})
             runs.append(CellRun(name, cell, seed, str(config.run.path)))
-            jobs.append(Job(sft, config, len(runs) - 1))
-    return runs, [*shared_jobs, *jobs]
+            jobs.append(Job(pretrain, sft, config, len(runs) - 1))
+    return runs, [*shared_jobs.values(), *jobs]
 
 
 def to_run(job: Job) -> bool:
-    """Whether some of ``job`` is not done yet."""
-    return (job.sft is not None and not Path(job.sft.sft.out).is_dir()) or (job.rl is not None and not finished(job.rl))
+    """Whether some stage of ``job`` is not done yet."""
+    return ((job.pretrain is not None and not (job.pretrain.run.path / "checkpoint").is_dir())
+            or (job.sft is not None and not Path(job.sft.sft.out).is_dir())
+            or (job.rl is not None and not finished(job.rl)))
 
 
 def finished(config: Config) -> bool:
@@ -131,24 +161,28 @@ def _rl_worker(world: World, config: Config) -> None:
     run_rl(config, progress=False, source=rollout_source(config), world=world)
 
 
+def _pretrain_worker(world: World, config: Config) -> None:
+    from opencomposer.pretrain.phases import run_phases
+
+    run_phases(config, progress=False, world=world)
+
+
 def _sft_worker(world: World, config: Config) -> None:
     from opencomposer.pretrain.sft import run_sft
 
     run_sft(config, progress=False, world=world)
 
 
-def run_job(job: Job) -> str:
-    """Run what of ``job`` is not done yet (in this process, or a Ray worker's); "ran" or "skipped"."""
+def run_job(job: Job) -> None:
+    """Run the stages of ``job`` that are not done yet, in this process (or a Ray worker's)."""
     from opencomposer.distributed.runtime import launch
 
-    ran = False
+    if job.pretrain is not None and not (job.pretrain.run.path / "checkpoint").is_dir():
+        launch(_pretrain_worker, job.pretrain)
     if job.sft is not None and not Path(job.sft.sft.out).is_dir():
         launch(_sft_worker, job.sft)
-        ran = True
     if job.rl is not None and not finished(job.rl):
         launch(_rl_worker, job.rl)
-        ran = True
-    return "ran" if ran else "skipped"
 
 
 def _record(out: Path, study: AblationConfig, runs: list[CellRun]) -> None:
@@ -163,7 +197,7 @@ def _record(out: Path, study: AblationConfig, runs: list[CellRun]) -> None:
 def _finish(job: Job, runs: list[CellRun], study: AblationConfig, error: BaseException | None) -> str:
     """Fill the job's ``CellRun`` from its folder (or its error); the progress line's text."""
     if job.run is None:
-        return f"shared SFT seed {job.sft.run.seed}" + (f": failed: {error}" if error else "")
+        return f"shared prefix of seed {job.sft.run.seed}" + (f": failed: {error}" if error else "")
     run = runs[job.run]
     if error is not None:
         run.status, run.error = "failed", f"{type(error).__name__}: {error}".splitlines()[0]

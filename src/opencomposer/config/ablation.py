@@ -42,10 +42,11 @@ class AblationConfig(Section):
     rows) or "train/NAME" (the training steps' rows)."""
     out: str = ""
     """Folder of the study; empty: {run.out_dir}/{run.name}-ablation."""
-    prefix: Literal["none", "sft"] = "none"
-    """What runs before each cell's RL: nothing (RL starts from model.path), or the recipe's SFT
-    stage, whose checkpoint RL starts from; shared by the cells of one seed when every varied key
-    is an rl.* key."""
+    prefix: Literal["none", "sft", "pretrain_sft"] = "none"
+    """What runs before each cell's RL: nothing (RL starts from model.path); the recipe's SFT
+    stage ("sft"), whose checkpoint RL starts from; or pretraining, then SFT from its checkpoint,
+    then RL (the quickstart's chain, "pretrain_sft"). Shared by the cells of one seed when every
+    varied key is an rl.* key."""
     backend: Literal["local", "ray"] = "local"
     """Run the cells one after another here, or as tasks of a Ray cluster (services.ray_address;
     empty starts a local one of services.ray_num_cpus CPUs)."""
