@@ -176,6 +176,65 @@ def test_ids_of_inherited_and_parametrised_tests_are_pytests_own(tmp_path: Path)
     assert run.outcomes["tests/test_child.py::TestNested::TestInner::test_deep[v=None]"] == "failed"
 
 
+ALWAYS_EQUAL = b"""class Anything:
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+def answer():
+    return Anything()
+"""
+UNITTEST_STYLE = b"""import unittest
+
+from solution import answer
+
+
+class TestAnswer(unittest.TestCase):
+    def test_equal(self):
+        self.assertEqual(answer(), 42)
+
+    def test_in(self):
+        self.assertIn(answer(), [42])
+"""
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("guard_values", [True, False])
+def test_unittest_asserts_go_through_the_value_checks(tmp_path: Path, guard_values: bool):
+    tree = {"solution.py": ALWAYS_EQUAL, "tests/test_unit.py": UNITTEST_STYLE}
+    with Sandbox(write(tmp_path / "repo", tree)) as sandbox:
+        run = run_tests(sandbox, "python -m pytest -q tests", timeout_s=60, per_test_timeout_s=10,
+                        protected=["tests"], hidden=["tests/test_unit.py"], guard_values=guard_values)
+    expected = "failed" if guard_values else "passed"
+    assert set(run.outcomes.values()) == {expected} and len(run.outcomes) == 2, run.tail()
+    assert run.tampering == []
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("guard_values", [True, False])
+def test_a_planted_pyc_of_a_test_module_is_never_used(tmp_path: Path, guard_values: bool):
+    """A pytest pyc with the source hash of the real test file but the code of a passing one: the
+    value checks compile the test from its source, so the pyc is ignored (with them off, pytest
+    would load it)."""
+    import importlib.util
+    import marshal
+    import sys
+
+    source = b"def test_answer():\n    assert 1 == 2\n"
+    with Sandbox(write(tmp_path / "repo", {"tests/test_planted.py": source})) as sandbox:
+        planted = compile("def test_answer():\n    pass\n", str(sandbox.command_path("tests/test_planted.py")), "exec")
+        cache = sandbox.workspace / "tests" / "__pycache__"
+        cache.mkdir()
+        pyc = cache / f"test_planted.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc"
+        pyc.write_bytes(importlib.util.MAGIC_NUMBER + b"\x03\x00\x00\x00" + importlib.util.source_hash(source)
+                        + marshal.dumps(planted))
+        run = run_tests(sandbox, "python -m pytest -q tests", timeout_s=60, per_test_timeout_s=10,
+                        protected=["tests"], guard_values=guard_values)
+    assert run.outcomes == {"tests/test_planted.py::test_answer": "failed" if guard_values else "passed"}, run.tail()
+
+
 @pytest.mark.bwrap
 def test_generators_and_grading_read_the_same_ids(tmp_path: Path):
     """The ids a generator's lab lists are the ids grading looks up: listing the lab's passing

@@ -36,19 +36,52 @@ that process's word for anything it can check:
   the session finishes (each check costs about a millisecond); the test items before every call.
 - **hidden test sources**: an audit hook (which cannot be removed once added) refuses to open the
   hidden test files (``hidden``) while untrusted code is on the stack; a direct read is a violation.
+- **value checks** (``guard_values``, on unless the run trusts every file): the asserts of the
+  trusted workspace files pytest rewrites (the task's test files and conftests) are rewritten
+  again, after pytest's own rewriting of each assert (its messages kept) or in place of it where a
+  module turns it off, so that every comparison, arithmetic operation and truth test in them calls
+  ``ValueChecks`` through names that are not identifiers, put in the module's namespace as it
+  loads and checked before and after each test call. A pyc pytest cached for such a file is never
+  read (a planted one cannot skip the rewriting). A value is *foreign* when it is, or holds
+  through builtin containers, an instance of a class whose comparison, arithmetic or truth methods
+  come from untrusted code (classes are noted as ``class`` statements build them), a weak proxy
+  or a mock; untrusted subclasses of builtin types become the builtin value through the base
+  type's own methods. Foreign against plain fails the test (``UntrustedValue``, which ``not`` or
+  ``except AssertionError`` cannot turn around), as does the truth of a foreign value with its
+  own ``__bool__``/``__len__``, and arithmetic that turns a foreign operand and a plain one into a
+  plain result; two foreign values, or a plain value's membership in a foreign container, are
+  computed as the solution's classes say; two plain ones as Python computes them. The
+  ``unittest.TestCase`` assert methods check their operands the same way.
+- **introspection**: the audit hook makes it a violation for untrusted code (the caller of
+  ``inspect`` and ``traceback`` when they do the work) to call ``sys._getframe``,
+  ``sys._current_frames``, ``gc.get_referrers``/``get_referents``/``get_objects``,
+  ``sys.settrace``/``setprofile`` (``threading.settrace``'s hook is checked as threads start and
+  with the snapshot), to take a frame from a traceback, generator or coroutine (through
+  ``traceback`` only frames of the run itself count), or to read the code object of the tests,
+  pytest or this plugin. Once collected, each hidden test module is replaced in ``sys.modules``
+  (and on its package) by a stand-in that passes attributes to trusted code and answers untrusted
+  code with AttributeError and a violation. A signal handler the solution installs is called
+  without the interrupted frame.
 
 Trusted code is code in files of the Python installation, of this folder, and of the ``trusted``
 workspace paths (the task's tests and test configuration); with ``trusted`` null (the task
 generators, which run code they wrote themselves) every file is trusted and the hidden-source
-guard is off. Code in the same process can still get around all of this (by finding the recorder
-through the garbage collector, by compiling code under a file name it does not have, through a
-child process that reads the tests): these checks catch the tampering a policy stumbles on, not
-every tampering a determined one could write.
+guard, the value checks and the introspection audit are off. Code in the same process can still
+get around all of this (by finding the recorder through pytest's objects, by compiling code under a
+file name it does not have, through a child process that reads the tests): these checks catch the
+tampering a policy stumbles on, not every tampering a determined one could write. The value checks
+see only what asserts and the unittest assert methods compare (not a comparison elsewhere in a
+test, nor a conversion such as ``round`` or ``len``), and a legitimate value of the solution's own
+class with its own ``__eq__`` compared with a plain value fails them (docs/harness.md, "Grading
+integrity", lists the limits).
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
+import collections
+import functools
 import json
 import operator
 import os
@@ -57,6 +90,7 @@ import sysconfig
 import threading
 import time
 import types
+import weakref
 
 import pytest
 
@@ -64,6 +98,12 @@ SETTINGS_VARIABLE = "OPENCOMPOSER_TESTRUN"
 WATCHED_PACKAGES = ("pytest", "_pytest", "pluggy", "unittest")
 STATE_CHECK_EVERY_S = 1.0  # besides after each test module and at the end
 DISPLAY_MODULES = ("linecache", "traceback", "warnings", "tokenize")  # read source only to show it
+# introspection: what hands out frames, code objects or every object, and what traces execution
+INTROSPECTION_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.get_referrers", "gc.get_referents",
+                                  "gc.get_objects", "sys.settrace", "sys.setprofile"})
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+CODE_ATTRIBUTES = frozenset({"__code__", "f_code", "gi_code", "cr_code", "ag_code"})
+PASS_THROUGH = ("inspect.py", "traceback.py")  # introspection on behalf of their caller
 _MISSING = object()
 
 
@@ -101,6 +141,13 @@ class Recorder:
                  sysconfig.get_paths()["stdlib"], os.path.dirname(os.path.abspath(__file__))}
         self.installation = tuple(sorted({os.path.realpath(r) for r in roots}))
         self.stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+        self.pass_through = frozenset(os.path.join(root, name) for root in {sysconfig.get_paths()["stdlib"], self.stdlib}
+                                      for name in PASS_THROUGH)
+        self.guard_values = bool(settings.get("guard_values", True)) and not self.trust_all
+        self.values = ValueChecks(self)
+        self.class_origin: dict[int, tuple[type, bool]] = {}  # id -> (class, built by trusted code)
+        self.guarded_modules: dict[str, types.ModuleType] = {}  # test modules whose asserts were rewritten
+        self.stand_ins: dict[int, types.ModuleType] = {}  # id of a stand-in in sys.modules -> the module
         self.config: pytest.Config | None = None
         self.reports: dict[str, dict[str, pytest.TestReport]] = {}
         self.tests = 0
@@ -159,6 +206,8 @@ class Recorder:
                 current = namespace.get(name, _MISSING)
                 if current is not original and (current is _MISSING or not self.trusted_value(current)):
                     self.violation(f"{label} was replaced or removed during the run")
+        if self.guard_values:
+            self.check_tracers()
         if self.config is not None:
             for hook_name, caller in vars(self.config.pluginmanager.hook).items():
                 for impl in getattr(caller, "get_hookimpls", list)():
@@ -215,40 +264,170 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------------
     def audit(self, event: str, args: tuple) -> None:
-        """Refuse to open a hidden test source while untrusted code is on the stack."""
-        if event != "open" or not self.hidden or getattr(self.auditing, "busy", False):
+        """The audit hook: hidden test sources, and introspection by untrusted code."""
+        if event == "open":
+            if not self.hidden:
+                return
+        elif event == "object.__getattr__":
+            if not self.guard_values or len(args) != 2 or (args[1] not in FRAME_ATTRIBUTES
+                                                           and args[1] not in CODE_ATTRIBUTES):
+                return
+        elif event not in INTROSPECTION_EVENTS or not self.guard_values:
             return
-        path = args[0]
-        if not isinstance(path, (str, bytes, os.PathLike)):
+        if getattr(self.auditing, "busy", False):
             return
         self.auditing.busy = True
         try:
-            if os.path.realpath(os.fsdecode(path)) not in self.hidden:
-                return
-            frame = sys._getframe(1)
-            innermost_trusted: bool | None = None
-            for_display = False
-            untrusted = False
-            while frame is not None:
-                filename = frame.f_code.co_filename
-                real = os.path.realpath(filename) if os.path.isabs(filename) else ""
-                in_stdlib = filename.startswith("<frozen ") or (
-                    _under(real, (self.stdlib,)) and f"{os.sep}site-packages{os.sep}" not in real)
-                if in_stdlib:
-                    if innermost_trusted is None and frame.f_globals.get("__name__") in DISPLAY_MODULES:
-                        for_display = True
-                else:
-                    trusted = self.trusted_file(filename)
-                    if innermost_trusted is None:
-                        innermost_trusted = trusted
-                    untrusted = untrusted or not trusted
-                frame = frame.f_back
+            caller = sys._getframe(1)
+            refused = self.opened(args, caller) if event == "open" else self.introspected(event, args, caller)
         finally:
             self.auditing.busy = False
-        if untrusted:
-            if innermost_trusted is False and not for_display:
-                self.violation(f"untrusted code opened the hidden test file {os.fsdecode(path)}")
-            raise PermissionError(f"{os.fsdecode(path)}: hidden test files cannot be read by the code under test")
+        if refused:
+            raise PermissionError(f"{refused}: hidden test files cannot be read by the code under test")
+
+    def opened(self, args: tuple, frame: types.FrameType | None) -> str | None:
+        """The hidden test file ``args`` opens when untrusted code is on the stack (a violation when
+        that code opened it, not the standard library on its behalf to show source), or None."""
+        path = args[0]
+        if not isinstance(path, (str, bytes, os.PathLike)) or os.path.realpath(os.fsdecode(path)) not in self.hidden:
+            return None
+        innermost_trusted: bool | None = None
+        for_display = False
+        untrusted = False
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            real = os.path.realpath(filename) if os.path.isabs(filename) else ""
+            in_stdlib = filename.startswith("<frozen ") or (
+                _under(real, (self.stdlib,)) and f"{os.sep}site-packages{os.sep}" not in real)
+            if in_stdlib:
+                if innermost_trusted is None and frame.f_globals.get("__name__") in DISPLAY_MODULES:
+                    for_display = True
+            else:
+                trusted = self.trusted_file(filename)
+                if innermost_trusted is None:
+                    innermost_trusted = trusted
+                untrusted = untrusted or not trusted
+            frame = frame.f_back
+        if not untrusted:
+            return None
+        if innermost_trusted is False and not for_display:
+            self.violation(f"untrusted code opened the hidden test file {os.fsdecode(path)}")
+        return os.fsdecode(path)
+
+    def culprit(self, frame: types.FrameType | None) -> tuple[types.FrameType | None, bool]:
+        """The frame that asked for an introspection ``frame`` made (inspect and traceback work for
+        their caller), and whether it went through them."""
+        through = False
+        while frame is not None and frame.f_code.co_filename in self.pass_through:
+            frame, through = frame.f_back, True
+        return frame, through
+
+    def untrusted_caller(self, frame: types.FrameType | None) -> str | None:
+        """The file of the code that made the call ``frame`` is in, when it is not trusted."""
+        frame, _ = self.culprit(frame)
+        filename = frame.f_code.co_filename if frame is not None else None
+        return None if frame is None or self.trusted_file(filename) else filename
+
+    def protected_file(self, filename: str | None) -> bool:
+        """Code of the test run itself: the task's tests, pytest and this plugin (not the stdlib)."""
+        if not filename or filename.startswith("<") or not self.trusted_file(filename):
+            return False
+        real = os.path.realpath(filename)
+        return not _under(real, (self.stdlib,)) or f"{os.sep}site-packages{os.sep}" in real
+
+    def introspected(self, event: str, args: tuple, caller: types.FrameType | None) -> None:
+        """A violation when untrusted code reaches frames or code objects of the test run, every
+        object (gc), or installs a tracing or profiling hook (which can skip an assert's line)."""
+        frame, through = self.culprit(caller)
+        if frame is None:
+            return
+        filename = frame.f_code.co_filename
+        if self.trusted_file(filename):
+            if event in ("sys.settrace", "sys.setprofile") and frame.f_globals.get("__name__") == "threading":
+                self.check_tracers()  # threading.settrace's hook, installed as a thread starts
+            return
+        what = event
+        if event == "object.__getattr__":
+            target, name = args
+            what = f"the {name} attribute"
+            if name in CODE_ATTRIBUTES:  # its own code is the solution's business; the tests' is not
+                code = getattr(target, "__code__" if name == "__code__" else name, None)
+                if not isinstance(code, types.CodeType) or not self.protected_file(code.co_filename):
+                    return
+                what += f" of {code.co_name} ({code.co_filename})"
+            elif through:  # a traceback formatted for the solution: fine while it shows only its frames
+                reached = getattr(target, name, None)
+                if not isinstance(reached, types.FrameType) or not self.protected_file(reached.f_code.co_filename):
+                    return
+        self.violation(f"untrusted code introspected the test run: {what} from {filename}")
+
+    def check_tracers(self) -> None:
+        for hook in (sys.gettrace(), sys.getprofile(), getattr(threading, "_trace_hook", None),
+                     getattr(threading, "_profile_hook", None)):
+            if isinstance(hook, (types.FunctionType, types.MethodType)) and not self.trusted_value(hook):
+                self.violation(f"untrusted code introspected the test run: a tracing hook from {_code_file(hook)}")
+
+    # ------------------------------------------------------------------------------------------
+    def guarded_source(self, path: object) -> bool:
+        """Whether the asserts of the module compiled from ``path`` go through the value checks:
+        the task's own test files (trusted workspace files)."""
+        if not self.guard_values or not isinstance(path, (str, os.PathLike)):
+            return False
+        real = os.path.realpath(os.fspath(path))
+        return _under(real, self.trusted) and not _under(real, self.installation)
+
+    def check_value_helpers(self, item: pytest.Item) -> None:
+        module = getattr(item, "module", None)
+        if not isinstance(module, types.ModuleType) or self.guarded_modules.get(module.__name__) is not module:
+            return
+        namespace = vars(module)
+        if any(namespace.get(name) is not helper for name, helper in self.values.helpers.items()):
+            self.violation(f"{item.nodeid}: the value checks of {module.__name__} were replaced")
+
+    def hide_test_modules(self, items: list[pytest.Item]) -> None:
+        """Put a stand-in in ``sys.modules`` (and on the parent package) for each collected hidden
+        test module: trusted code reaches the module through it, untrusted code gets nothing (and
+        a violation). pytest keeps the module itself on its items."""
+        for module in {id(m): m for m in (getattr(item, "module", None) for item in items)}.values():
+            origin = getattr(module, "__file__", None)
+            if not isinstance(module, types.ModuleType) or not origin or os.path.realpath(origin) not in self.hidden:
+                continue
+            name = module.__name__
+            stand_in = _HiddenModule(name)
+            self.stand_ins[id(stand_in)] = module
+            if sys.modules.get(name) is module:
+                sys.modules[name] = stand_in
+            parent_name, _, child = name.rpartition(".")
+            parent = sys.modules.get(parent_name) if parent_name else None
+            if isinstance(parent, types.ModuleType) and vars(parent).get(child) is module:
+                setattr(parent, child, stand_in)
+
+    def stand_in_module(self, stand_in: types.ModuleType, name: str,
+                        caller: types.FrameType | None) -> types.ModuleType:
+        """The module behind ``stand_in``, for trusted code; untrusted code gets AttributeError."""
+        module = self.stand_ins[id(stand_in)]
+        filename = self.untrusted_caller(caller)
+        if filename is not None:
+            self.violation(f"untrusted code introspected the test run: it looked up the hidden test module "
+                           f"{module.__name__} ({name!r}) from {filename}")
+            raise AttributeError(name)
+        return module
+
+
+class _HiddenModule(types.ModuleType):
+    """What ``sys.modules`` holds for a hidden test module once it is collected."""
+
+    def __getattribute__(self, name: str) -> object:
+        return getattr(_recorder.stand_in_module(self, name, sys._getframe(1)), name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        setattr(_recorder.stand_in_module(self, name, sys._getframe(1)), name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(_recorder.stand_in_module(self, name, sys._getframe(1)), name)
+
+    def __dir__(self) -> list[str]:
+        return dir(_recorder.stand_in_module(self, "__dir__", sys._getframe(1)))
 
 
 def snapshot() -> list[tuple[dict, tuple[str, ...], tuple[object, ...], tuple[str, ...]]]:
@@ -278,10 +457,431 @@ def snapshot() -> list[tuple[dict, tuple[str, ...], tuple[object, ...], tuple[st
     return groups
 
 
+# ----------------------------------------------------------------------------------------------
+# Value checks: the comparisons and truth tests in the asserts of the task's tests
+
+
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: classes made at run time; the others are written in C
+COMPARISON_DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__contains__",
+                      "__iter__", "__getitem__")
+TRUTH_DUNDERS = ("__bool__", "__len__")
+ARITHMETIC_DUNDERS = tuple(f"__{prefix}{name}__" for name in (
+    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow", "lshift", "rshift", "and",
+    "xor", "or") for prefix in ("", "r")) + ("__neg__", "__pos__", "__abs__", "__invert__", "__round__",
+                                              "__float__", "__int__", "__index__", "__complex__")
+VALUE_DUNDERS = COMPARISON_DUNDERS + TRUTH_DUNDERS + ARITHMETIC_DUNDERS
+SCALARS = frozenset({int, float, complex, str, bytes, bool, type(None), type(Ellipsis), type(NotImplemented)})
+CONTAINERS = (list, tuple, dict, set, frozenset)
+# the builtin types an untrusted subclass is turned back into, with the base type's own methods
+NORMALISE = (
+    (int, int.__int__),
+    (float, float.__float__),
+    (complex, lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))),
+    (str, str.__str__),
+    (bytes, bytes.__bytes__),
+    (bytearray, lambda v: bytearray(memoryview(v))),
+    (list, list.copy),
+    (tuple, lambda v: tuple.__getitem__(v, slice(None))),
+    (dict, lambda v: dict(dict.items(v))),
+    (frozenset, lambda v: frozenset(frozenset.__iter__(v))),
+    (set, lambda v: set(set.__iter__(v))),
+)
+NORMALISERS = dict(NORMALISE)
+ITEMS = {list: list.__iter__, tuple: tuple.__iter__, set: set.__iter__, frozenset: frozenset.__iter__}
+COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+           ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+           "is": operator.is_, "is not": operator.is_not}
+ARITHMETIC = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.MatMult: "@", ast.Div: "/", ast.FloorDiv: "//",
+              ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|", ast.BitXor: "^",
+              ast.BitAnd: "&"}
+OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "@": operator.matmul, "/": operator.truediv,
+             "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "<<": operator.lshift,
+             ">>": operator.rshift, "|": operator.or_, "^": operator.xor, "&": operator.and_}
+COMPARE_SYMBOLS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+                   ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+MAX_DEPTH = 200
+# the names the rewritten asserts call; not identifiers, so no source code can spell them
+UNITTEST_PAIRS = ("assertEqual", "assertNotEqual", "assertLess", "assertLessEqual", "assertGreater",
+                  "assertGreaterEqual", "assertIn", "assertNotIn", "assertAlmostEqual", "assertNotAlmostEqual",
+                  "assertCountEqual", "assertListEqual", "assertTupleEqual", "assertDictEqual", "assertSetEqual",
+                  "assertSequenceEqual", "assertMultiLineEqual")
+UNITTEST_TRUTHS = ("assertTrue", "assertFalse")
+HELPERS = ("@opencomposer_compare", "@opencomposer_chain", "@opencomposer_arithmetic", "@opencomposer_truth")
+_type_dict = type.__dict__["__dict__"].__get__
+_type_mro = type.__dict__["__mro__"].__get__
+_type_flags = type.__dict__["__flags__"].__get__
+_type_module = type.__dict__["__module__"].__get__
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+
+
+class UntrustedValue(pytest.fail.Exception):
+    """A test's assert met a value whose comparison or truth the solution's own code decides."""
+
+
+class ValueChecks:
+    """The trusted side of the asserts in the task's tests (see the module docstring).
+
+    A value is *foreign* when it is, or holds (through builtin containers), an instance of a class
+    whose comparison, truth or arithmetic methods come from code that is not trusted (the classes
+    the solution defines, a weak proxy, a mock); untrusted subclasses of builtin types are turned
+    back into the builtin value with the base type's own methods. A comparison or arithmetic
+    operation between a foreign value and one that is not fails the test; between two foreign
+    values (a solution's domain object against one the test built from the solution's class) or
+    two trusted ones it is computed as Python computes it."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.static_kinds: dict[type, tuple[bool, bool]] = {}
+        self.helpers = {HELPERS[0]: self.compare, HELPERS[1]: self.chain, HELPERS[2]: self.arithmetic,
+                        HELPERS[3]: self.truth}
+
+    # -- what a class may decide ---------------------------------------------------------------
+    def class_trusted(self, klass: type) -> bool:
+        """Whether ``klass`` was made by trusted code: written in C, built by a ``class`` statement
+        in a trusted file (noted as it is built), or defined by a module of a trusted file."""
+        origin = self.recorder.class_origin.get(id(klass))
+        if origin is not None:
+            return origin[1]
+        if not _type_flags(klass) & HEAPTYPE:
+            return True
+        module = sys.modules.get(_type_module(klass))
+        filename = getattr(module, "__file__", None) if isinstance(module, types.ModuleType) else None
+        return isinstance(filename, str) and self.recorder.trusted_file(filename)
+
+    def method_trusted(self, klass: type, value: object) -> bool:
+        if value is None:  # __hash__ = None: unhashable, which cannot lie
+            return True
+        function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if isinstance(function, types.FunctionType):
+            filename = function.__code__.co_filename
+            if not filename.startswith("<"):
+                return self.recorder.trusted_file(filename)
+        return self.class_trusted(klass)  # C methods, generated code: as trusted as the class itself
+
+    def kinds(self, cls: type) -> tuple[bool, bool]:
+        """(whether code that is not trusted decides comparisons or arithmetic of ``cls``, whether
+        it decides its truth)."""
+        known = self.static_kinds.get(cls)
+        if known is not None:
+            return known
+        decides = truth = False
+        mro = _type_mro(cls)
+        for name in VALUE_DUNDERS:
+            for klass in mro:
+                namespace = _type_dict(klass)
+                if name in namespace:
+                    if not self.method_trusted(klass, namespace[name]):
+                        decides = True
+                        truth = truth or name in TRUTH_DUNDERS
+                    break
+        if issubclass(cls, _PROXIES) or _is_mock(cls):
+            decides = True
+        if not _type_flags(cls) & HEAPTYPE:
+            self.static_kinds[cls] = (decides, truth)
+        return decides, truth
+
+    # -- values --------------------------------------------------------------------------------
+    def clean(self, value: object) -> tuple[object, bool]:
+        """(``value`` with untrusted builtin subclasses made builtin, whether it is foreign)."""
+        return self._clean(value, {}, 0)
+
+    def _clean(self, value: object, seen: dict[int, tuple[object, bool]], depth: int) -> tuple[object, bool]:
+        cls = type(value)
+        if cls in SCALARS:
+            return value, False
+        if id(value) in seen:
+            return seen[id(value)]
+        if depth > MAX_DEPTH:
+            raise UntrustedValue(f"a value nested more than {MAX_DEPTH} deep cannot be checked", pytrace=False)
+        seen[id(value)] = (value, False)  # a container that holds itself
+        if cls in CONTAINERS:
+            result = self._contents(value, cls, seen, depth)
+        else:
+            decides, _ = self.kinds(cls)
+            base = _builtin_base(cls)
+            if base is not None:  # an untrusted subclass becomes the builtin value; a trusted one keeps its type
+                plain = NORMALISERS[base](value) if decides or not self.class_trusted(cls) else value
+                result = self._contents(plain, base, seen, depth) if base in CONTAINERS else (plain, False)
+            elif decides:
+                result = (value, True)
+            else:
+                result = (value, self._holds_foreign(value, seen, depth))
+        seen[id(value)] = result
+        return result
+
+    def _contents(self, value, base: type, seen, depth: int) -> tuple[object, bool]:
+        """A builtin container (or a trusted subclass, read through the base type): its items
+        cleaned, rebuilt as the base type when one of them changed."""
+        foreign = changed = False
+        if base is dict:
+            pairs = []
+            for key, item in dict.items(value):
+                new_key, key_foreign = self._clean(key, seen, depth + 1)
+                new_item, item_foreign = self._clean(item, seen, depth + 1)
+                foreign = foreign or key_foreign or item_foreign
+                changed = changed or new_key is not key or new_item is not item
+                pairs.append((new_key, new_item))
+            return (dict(pairs) if changed else value), foreign
+        items = []
+        for item in ITEMS[base](value):
+            new_item, item_foreign = self._clean(item, seen, depth + 1)
+            foreign = foreign or item_foreign
+            changed = changed or new_item is not item
+            items.append(new_item)
+        return (base(items) if changed else value), foreign
+
+    def _holds_foreign(self, value: object, seen, depth: int) -> bool:
+        """Whether a trusted value that compares by its contents (a deque, a namespace, a user
+        container, a numpy array of objects) holds a foreign one."""
+        cls = type(value)
+        if isinstance(value, collections.deque):
+            parts: object = list(collections.deque.__iter__(value))
+        elif isinstance(value, (types.SimpleNamespace, collections.UserDict, collections.UserList,
+                                collections.UserString)):
+            parts = list(object.__getattribute__(value, "__dict__").values())
+        elif _type_module(cls).split(".")[0] == "numpy" and getattr(getattr(value, "dtype", None), "hasobject", False):
+            parts = value.tolist()
+        else:
+            return False
+        return self._clean(parts, seen, depth + 1)[1]
+
+    @staticmethod
+    def refuse(what: str) -> None:
+        raise UntrustedValue(f"{what}: the solution's own code would decide this check, so it does not pass "
+                             "(a value the tests compare must be a plain value, or compared with one of its "
+                             "own kind)", pytrace=False)
+
+    # -- the helpers the rewritten asserts call -------------------------------------------------
+    def pair(self, what: str, left: object, right: object) -> tuple[object, object]:
+        """The two operands of a comparison as it will be made: cleaned when neither is foreign,
+        as they are when both are (two of the solution's values: as the solution says)."""
+        clean_left, left_foreign = self.clean(left)
+        clean_right, right_foreign = self.clean(right)
+        if left_foreign != right_foreign:
+            self.refuse(f"{_describe(left)} {what} {_describe(right)}")
+        return (left, right) if left_foreign else (clean_left, clean_right)
+
+    def compare(self, symbol: str, left: object, right: object) -> object:
+        if symbol in ("is", "is not"):
+            return COMPARE[symbol](left, right)
+        if symbol in ("in", "not in") and self.own_container(right):
+            clean_left, left_foreign = self.clean(left)
+            if not left_foreign:  # a plain value in one of the solution's containers: the container says
+                return COMPARE[symbol](clean_left, right)
+        return COMPARE[symbol](*self.pair(symbol, left, right))
+
+    def own_container(self, value: object) -> bool:
+        """Whether ``value`` is an instance of one of the solution's own classes (not a builtin
+        subclass) whose membership test is its own."""
+        cls = type(value)
+        if cls in SCALARS or cls in CONTAINERS or _builtin_base(cls) is not None:
+            return False
+        mro = _type_mro(cls)
+        for name in ("__contains__", "__iter__", "__getitem__"):
+            klass = next((k for k in mro if name in _type_dict(k)), None)
+            if klass is not None and not self.method_trusted(klass, _type_dict(klass)[name]):
+                return True
+        return False
+
+    def chain(self, left: object, *steps: object) -> bool:
+        """``left op1 b op2 c ...``: ``steps`` alternate symbols and thunks of the operands."""
+        for symbol, thunk in zip(steps[::2], steps[1::2], strict=True):
+            right = thunk()
+            if not self.truth(self.compare(symbol, left, right)):
+                return False
+            left = right
+        return True
+
+    def arithmetic(self, symbol: str, left: object, right: object) -> object:
+        operation = OPERATORS[symbol]
+        clean_left, left_foreign = self.clean(left)
+        clean_right, right_foreign = self.clean(right)
+        if left_foreign and right_foreign:
+            return operation(left, right)
+        if not left_foreign and not right_foreign:
+            return operation(clean_left, clean_right)
+        result = operation(left if left_foreign else clean_left, right if right_foreign else clean_right)
+        if self.clean(result)[1]:
+            return result  # still the solution's own value: the comparison that follows decides
+        self.refuse(f"{_describe(left)} {symbol} {_describe(right)} makes a plain value through the solution's "
+                    "own operator")
+
+    def truth(self, value: object) -> bool:
+        cls = type(value)
+        if cls is bool:
+            return value
+        if cls in SCALARS or cls in CONTAINERS:
+            return bool(value)
+        _, decides_truth = self.kinds(cls)
+        if decides_truth:
+            base = _builtin_base(cls)
+            if base is None:
+                self.refuse(f"the truth of {_describe(value)}")
+            return bool(NORMALISERS[base](value))
+        return bool(value)
+
+
+def _builtin_base(cls: type) -> type | None:
+    return next((base for base in NORMALISERS if issubclass(cls, base)), None)
+
+
+def _is_mock(cls: type) -> bool:
+    mock = sys.modules.get("unittest.mock")
+    return mock is not None and issubclass(cls, mock.NonCallableMock)
+
+
+def _describe(value: object) -> str:
+    cls = type(value)
+    return f"a {cls.__qualname__} ({_type_module(cls)})" if cls not in SCALARS else repr(value)[:60]
+
+
+class GuardAsserts(ast.NodeTransformer):
+    """Rewrites the expressions of an assert (pytest's rewriting of it included) so that every
+    comparison, arithmetic operation and truth test goes through ``ValueChecks``."""
+
+    def _call(self, name: str, args: list[ast.expr], like: ast.AST) -> ast.expr:
+        call = ast.Call(ast.Name(name, ast.Load()), args, [])
+        for node in (call, call.func, *(arg for arg in args if isinstance(arg, (ast.Constant, ast.Lambda)))):
+            ast.copy_location(node, like)
+        return call
+
+    def truth(self, node: ast.expr) -> ast.expr:
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return node
+        if isinstance(node, ast.BoolOp):
+            node.values = [self.truth(value) for value in node.values]
+            return node
+        if isinstance(node, ast.Constant) or (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in HELPERS[:2]):
+            return node
+        return self._call(HELPERS[3], [node], node)
+
+    def visit_Compare(self, node: ast.Compare) -> ast.expr:
+        self.generic_visit(node)
+        if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops) or (
+                isinstance(node.left, ast.Constant) and isinstance(node.comparators[0], ast.Call)
+                and isinstance(node.comparators[0].func, ast.Name) and node.comparators[0].func.id == "locals"):
+            return node  # identity cannot lie; pytest's own "name in locals()" checks
+        symbols = [ast.Constant(COMPARE_SYMBOLS[type(op)]) for op in node.ops]
+        if len(node.ops) == 1:
+            return self._call(HELPERS[0], [symbols[0], node.left, node.comparators[0]], node)
+        steps: list[ast.expr] = []
+        for symbol, operand in zip(symbols, node.comparators, strict=True):
+            thunk = ast.Lambda(ast.arguments([], [], None, [], [], None, []), operand)
+            steps += [symbol, thunk]
+        return self._call(HELPERS[1], [node.left, *steps], node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        self.generic_visit(node)
+        if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+            return node  # pytest's explanation templates
+        return self._call(HELPERS[2], [ast.Constant(ARITHMETIC[type(node.op)]), node.left, node.right], node)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Not):
+            node.operand = self.truth(node.operand)
+        return node
+
+    def _test(self, node):
+        self.generic_visit(node)
+        node.test = self.truth(node.test)
+        return node
+
+    visit_If = visit_While = visit_IfExp = visit_Assert = _test
+
+    def visit_comprehension(self, node: ast.comprehension) -> ast.comprehension:
+        self.generic_visit(node)
+        node.ifs = [self.truth(test) for test in node.ifs]
+        return node
+
+
+def _checked_assert(values: ValueChecks, name: str, original):
+    """``unittest.TestCase.<name>`` with its operands checked as the rewritten asserts check them."""
+    if name in UNITTEST_TRUTHS:
+        def checked(self, expr, *args, **kwargs):
+            return original(self, values.truth(expr), *args, **kwargs)
+    else:
+        def checked(self, first, second, *args, **kwargs):
+            first, second = values.pair(name, first, second)
+            return original(self, first, second, *args, **kwargs)
+    return functools.wraps(original)(checked)
+
+
+def install_value_checks(recorder: Recorder) -> None:
+    """Route the asserts of the task's test files through ``recorder.values`` (pytest's rewriting
+    of them kept, a cached pyc of them never used), and note which classes trusted code builds."""
+    import unittest
+
+    from _pytest.assertion import rewrite
+
+    visit_assert = rewrite.AssertionRewriter.visit_Assert
+    rewrite_asserts = rewrite.rewrite_asserts
+    read_pyc, write_pyc = rewrite._read_pyc, rewrite._write_pyc
+    exec_module = rewrite.AssertionRewritingHook.exec_module
+    build_class = builtins.__build_class__
+
+    def guarded_visit_assert(self, assert_: ast.Assert) -> list[ast.stmt]:
+        statements = visit_assert(self, assert_)
+        if recorder.guarded_source(self.module_path):
+            guard = GuardAsserts()
+            statements = [guard.visit(statement) for statement in statements]
+        return statements
+
+    def guarded_rewrite_asserts(mod: ast.Module, source: bytes, module_path: str | None = None,
+                                config: pytest.Config | None = None) -> None:
+        rewrite_asserts(mod, source, module_path, config)
+        if recorder.guarded_source(module_path):  # asserts pytest left alone (PYTEST_DONT_REWRITE)
+            for node in ast.walk(mod):
+                if isinstance(node, ast.Assert):
+                    GuardAsserts().visit(node)
+
+    def guarded_read_pyc(source, pyc, trace=lambda message: None):
+        return None if recorder.guarded_source(source) else read_pyc(source, pyc, trace)
+
+    def guarded_write_pyc(state, co, source_hash, pyc) -> bool:
+        return False if recorder.guarded_source(co.co_filename) else write_pyc(state, co, source_hash, pyc)
+
+    def guarded_exec_module(self, module: types.ModuleType) -> None:
+        if recorder.guarded_source(getattr(module.__spec__, "origin", None)):
+            vars(module).update(recorder.values.helpers)
+            recorder.guarded_modules[module.__name__] = module
+        return exec_module(self, module)
+
+    def noted_build_class(function, name, *bases, **keywords):
+        cls = build_class(function, name, *bases, **keywords)
+        if isinstance(cls, type):
+            recorder.class_origin[id(cls)] = (cls, recorder.trusted_file(function.__code__.co_filename))
+        return cls
+
+    import _signal
+
+    set_handler = _signal.signal
+
+    def frameless_handlers(signalnum, handler):
+        """``_signal.signal`` (which ``signal.signal`` calls): a handler from untrusted code gets no
+        frame (the frame a signal interrupts is the test's, as often as not)."""
+        if callable(handler) and not recorder.trusted_value(handler):
+            untrusted = handler
+            handler = functools.wraps(untrusted)(lambda signum, frame: untrusted(signum, None))
+        return set_handler(signalnum, handler)
+
+    _signal.signal = frameless_handlers
+    for name in UNITTEST_PAIRS + UNITTEST_TRUTHS:
+        setattr(unittest.TestCase, name, _checked_assert(recorder.values, name, getattr(unittest.TestCase, name)))
+    rewrite.AssertionRewriter.visit_Assert = guarded_visit_assert
+    rewrite.rewrite_asserts = guarded_rewrite_asserts
+    rewrite._read_pyc, rewrite._write_pyc = guarded_read_pyc, guarded_write_pyc
+    rewrite.AssertionRewritingHook.exec_module = guarded_exec_module
+    builtins.__build_class__ = noted_build_class
+
+
 _settings = os.environ.pop(SETTINGS_VARIABLE, None)
 _recorder = Recorder(json.loads(_settings)) if _settings else None
 if _recorder is not None:
     sys.addaudithook(_recorder.audit)
+    if _recorder.guard_values:
+        install_value_checks(_recorder)
 
 
 def _ours(config: pytest.Config) -> bool:
@@ -303,6 +903,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if _ours(session.config):
         _recorder.remember_items(session.items)
+        if _recorder.guard_values:
+            _recorder.hide_test_modules(session.items)
         _recorder.emit("collected", count=len(session.items))
 
 
@@ -313,9 +915,14 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item):
-    if _ours(item.config):
-        _recorder.check_item(item)
-    return (yield)
+    if not _ours(item.config):
+        return (yield)
+    _recorder.check_item(item)
+    _recorder.check_value_helpers(item)
+    try:
+        return (yield)
+    finally:
+        _recorder.check_value_helpers(item)  # replaced while the test ran
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -19,7 +19,10 @@ loaded by name).
 
 ``protected`` paths (grading passes the task's tests and test configuration) are mounted
 read-only for the command and are the code the plugin trusts; ``hidden`` test sources may not be
-read by the code under test. The record stream is checked (``read_records``), and what breaks its
+read by the code under test. With ``guard_values`` (the default) the plugin also routes the
+comparisons and truth tests of the trusted tests' asserts through its value checks and makes
+introspection of the run by untrusted code a violation; ``guard_values=False`` is for the red
+team's controls, which show what those checks stop. The record stream is checked (``read_records``), and what breaks its
 rules comes back as ``TestRun.tampering``; grading scores a tampered run as unresolved.
 
 A command that runs past its limit, crashes before pytest starts or hangs is not an error here: it
@@ -102,13 +105,15 @@ def run_tests(
     autoload_plugins: bool = False,
     protected: Sequence[str] | None = None,
     hidden: Sequence[str] = (),
+    guard_values: bool = True,
 ) -> TestRun:
     """Run ``test_command`` in ``sandbox`` (from its workspace root) and collect its records.
 
     ``timeout_s`` limits the whole command (the sandbox kills its process tree), ``per_test_timeout_s``
     each test (pytest-timeout). ``protected``: workspace paths (relative) mounted read-only whose
     code is trusted; None trusts every file (for code we wrote ourselves). ``hidden``: test sources
-    (relative) the code under test may not open. Raises ``SandboxError`` only when the sandbox
+    (relative) the code under test may not open. ``guard_values``: the value checks and the
+    introspection audit (``grading.pytest_plugin``). Raises ``SandboxError`` only when the sandbox
     cannot run it."""
     token = secrets.token_hex(8)
     nonce = secrets.token_hex(16)
@@ -126,6 +131,7 @@ def run_tests(
         "nonce_fd": nonce_read,
         "trusted": None if protected is None else [sandbox.command_path(rel) for rel in readonly],
         "hidden": [sandbox.command_path(rel) for rel in hidden],
+        "guard_values": guard_values,
     }
     env = _pytest_environment(module, str(plugin_dir), per_test_timeout_s, autoload_plugins)
     env[SETTINGS_VARIABLE] = json.dumps(settings)
