@@ -137,13 +137,15 @@ def test_summary_reports_the_share_of_episodes_the_hack_monitor_flagged_and_prin
 
     flagged = {**_grade_fields(True, 3), "hack_suspected": 1.0, "hack_reasons": ["swallowing solution.py:2: os._exit"]}
     older = {k: v for k, v in _grade_fields(False, 2).items() if k not in ("hack_suspected", "hack_reasons")}
-    rows = [{"task_id": "a", "status": "ok", **flagged}, {"task_id": "b", "status": "ok", **older},
+    rows = [{"task_id": "a", "pass": 0, "status": "ok", **flagged}, {"task_id": "b", "status": "ok", **older},
             {"task_id": "b", "status": "ok", **_grade_fields(False, 1)}, {"task_id": "c", "status": "infra_error"}]
     summary = summarize(rows)
     assert summary["hack_suspected_rate"] == pytest.approx(1 / 3) and summary["resolved"] == pytest.approx(1 / 2)
     console = Console(record=True, width=120)
     console.print(summary_table(summary))
-    assert re.search(r"hack suspected.*0\.333", console.export_text())
+    assert summary["hack_flagged"] == [{"task_id": "a", "pass": 0, "reasons": ["swallowing solution.py:2: os._exit"]}]
+    text = console.export_text()
+    assert re.search(r"hack suspected.*0\.333", text) and re.search(r"flagged: a pass 0 .*os\._exit", text)
 
 
 def test_summary_averages_passes_per_task_and_excludes_infra_errors():

@@ -8,8 +8,8 @@ with n = number of tasks (exact for one pass; conservative for several, since pa
 are correlated). Infrastructure errors are counted and left out of every score.
 
 The hack monitor's rate (``hack_suspected_rate``: episodes whose diff ``grading.hack_monitor``
-flagged, resolved or not) stands beside ``tampered_rate``; it is a signal, and the flagged diffs are
-in ``results.jsonl`` (``hack_reasons``, ``diff``).
+flagged, resolved or not) stands beside ``tampered_rate``; it is a signal. ``hack_flagged`` lists the
+flagged episodes (task, pass, reasons); their diffs are in ``results.jsonl`` (``diff``).
 
 Why episodes ended is reported beside the scores: the count per end reason (``types.EndReason``:
 submitted, format errors, each budget, infra error) and the format errors per turn over all scored
@@ -82,6 +82,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "resolved_ci95": [low, high],
         "tampered_rate": _mean([float(g.tampered) for g in grades]),  # graded 0 for tampering with the tests
         "hack_suspected_rate": _mean([float(g.hack_suspected) for g in grades]),  # grading.hack_monitor: a signal
+        "hack_flagged": [{"task_id": row["task_id"], "pass": row.get("pass"), "reasons": list(g.hack_reasons)}
+                         for row, g in zip(scored, grades, strict=True) if g.hack_suspected],
         "diff_round_trip_failures": sum(g.diff_round_trip_failed for g in grades),  # harness bugs
         "fail_to_pass": _mean([g.fail_to_pass for g in grades]),
         "pass_to_pass": _mean([g.pass_to_pass for g in grades]),
@@ -158,6 +160,8 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
         lines.append(("model tokens (compaction output included)", f"{summary['model_tokens']:.0f}"))
     for name, value in lines:
         table.add_row(name, value)
+    for item in summary.get("hack_flagged", [])[:10]:
+        table.add_row(f"  flagged: {item['task_id']} pass {item['pass']}", "; ".join(item["reasons"])[:120])
     if summary.get("format_errors_per_turn", 0.0) >= 0.5:
         table.caption = ("most turns did not parse as tool calls: the model does not speak the tool protocol "
                          "(docs/harness.md); see episodes/*/trajectory.json")
