@@ -89,6 +89,7 @@ from opencomposer.sandbox.workspace import Mount, Sandbox, SandboxError, TaskEnv
 from opencomposer.types import Grade, Task
 
 RUFF_TIMEOUT_S = 120.0
+MAX_HACK_REASONS = 20  # reward.json keeps the first ones and a count of the rest
 VERIFIER_DIR = "verifier"
 VERIFIER_SCRIPT = "test.sh"
 log = logging.getLogger(__name__)
@@ -179,7 +180,9 @@ def grade(
         fail_to_pass, pass_to_pass = (0.0, 0.0) if tampering else (fraction(task.fail_to_pass),
                                                                      fraction(task.pass_to_pass))
     rubric_ok = _rubric_ok(task, stats.paths, final_message)
-    hack_reasons = tuple(scan_diff(diff, task))  # a signal for the reward and the reports; resolved stays
+    hack_reasons = scan_diff(diff, task)  # a signal for the reward and the reports; resolved stays
+    if len(hack_reasons) > MAX_HACK_REASONS:
+        hack_reasons[MAX_HACK_REASONS:] = [f"... and {len(hack_reasons) - MAX_HACK_REASONS} more"]
     verdict = Grade(
         resolved=fail_to_pass == 1.0 and pass_to_pass == 1.0 and rubric_ok and not tampering,
         fail_to_pass=fail_to_pass,
@@ -192,7 +195,7 @@ def grade(
         tampered=bool(tampering),
         diff_round_trip_failed=workspace is not None,
         hack_suspected=bool(hack_reasons),
-        hack_reasons=hack_reasons,
+        hack_reasons=tuple(hack_reasons),
         rubric_ok=rubric_ok,
         files_changed=stats.files_changed,
         lines_added=stats.lines_added,
