@@ -1,7 +1,9 @@
 """``opencomposer rl``: the RL run (``rl.loop.RLRun``) from the rollout source ``rl.mode`` names,
 synchronous (``rl.sync.SyncRollouts``) or the asynchronous services
 (``services.async_rl.AsyncRollouts``), on every rank of ``trainer.world_size``; a rerun resumes the
-run folder's newest checkpoint."""
+run folder's newest checkpoint. An asynchronous run checks its weight store before any process
+starts (``services.async_rl.check_weight_store``): a fresh run refuses a store that holds another
+run's versions with exit 2, as any recipe error."""
 
 from __future__ import annotations
 
@@ -44,6 +46,11 @@ def rl_worker(world: World, config: Config) -> RLSummary | None:
 
 def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
+    if config.rl.mode == "async":  # here, so that a refusal is exit 2 whatever the number of ranks
+        from opencomposer.rl.checkpoint import latest_checkpoint
+        from opencomposer.services.async_rl import check_weight_store, open_weight_store
+
+        check_weight_store(config, open_weight_store(config), fresh=latest_checkpoint(config.run.path) is None)
     from opencomposer.distributed.runtime import launch
 
     summary = launch(rl_worker, config)  # trainer.world_size processes, or torchrun's, or this one

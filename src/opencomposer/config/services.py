@@ -36,7 +36,13 @@ class ServicesConfig(Section):
     4, docs/LOG.md)."""
     weight_store: str = ""
     """Where the trainer publishes every policy version (``services.weights.WeightStore``): a
-    folder or any fsspec URL. Empty: ``{run}/weights``."""
+    folder or any fsspec URL. Empty: ``{run}/weights``. A fresh run (no checkpoint yet) refuses a
+    store named here that already holds versions (another run's), unless
+    ``weight_store_overwrite``; the default store belongs to its run folder and is cleared."""
+    weight_store_overwrite: bool = False
+    """Let a fresh run clear a non-empty ``weight_store`` and publish its own versions there. A
+    resumed run never needs it: it keeps the versions before its checkpoint's and republishes that
+    one from the checkpoint."""
     full_every: int = 10
     """A full snapshot every N versions, lossless deltas in between (shorter chains to rebuild,
     more bytes)."""

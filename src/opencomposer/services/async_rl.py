@@ -27,6 +27,16 @@ sampled again. A group sampled by a version newer than the checkpoint (one the c
 sampled again rather than trained off a policy that no longer exists. ``RLRun`` writes a
 checkpoint before it publishes its version, so with ``rl.checkpoint_every = 1`` that never happens.
 
+**The weight store serves this run's weights only.** Every sampler, in a thread, a process of
+its own or a Ray actor, and the evaluation service take their versions from the store, so at
+start it must hold exactly this run's: a fresh run (no checkpoint) clears the store and publishes
+its version 0, and refuses (``ConfigError``, exit 2) a ``services.weight_store`` that already
+holds versions unless ``services.weight_store_overwrite`` (``check_weight_store``; the default
+store, ``{run}/weights``, is its run folder's own and is cleared without asking). A resume drops
+the checkpoint's version and every later one, then publishes the checkpoint's version again as a
+full snapshot from the checkpoint: a damaged or missing version there is repaired, not met on
+every resume, and no version a crash lost is served.
+
 **Infrastructure down.** Failed episodes are retried (``services.max_retries``) and otherwise
 dropped, as in the synchronous loop (the same ``rollout_group``). A step whose every episode, over
 two tasks or more, failed on infrastructure stops the run with ``InfrastructureDown`` before
@@ -49,7 +59,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +69,10 @@ from opencomposer.services.faults import FaultPlan, TrainerKilled, fire
 from opencomposer.services.groups import GroupStore, StoredGroup
 from opencomposer.services.reconciler import Reconciler, Slot
 from opencomposer.types import EpisodeStatus
+
+if TYPE_CHECKING:
+    from opencomposer.config import Config
+    from opencomposer.services.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +90,33 @@ def cpu_split(trainer_cpus: list[int]) -> tuple[set[int], set[int]] | None:
         raise ConfigError(f"services.trainer_cpus = {sorted(trainer)}: this process runs on CPUs {sorted(available)}; "
                           "name some of them and leave at least one for the services")
     return trainer, available - trainer
+
+
+def open_weight_store(config: Config) -> WeightStore:
+    """The run's ``services.weights.WeightStore``: ``services.weight_store``, else ``{run}/weights``."""
+    from opencomposer.services.weights import WeightStore
+
+    services = config.services
+    return WeightStore(services.weight_store or config.run.path / "weights", full_every=services.full_every,
+                       keep_versions=services.keep_versions)
+
+
+def check_weight_store(config: Config, store: WeightStore, fresh: bool) -> None:
+    """Refuse (``ConfigError``) a fresh run whose ``services.weight_store`` already holds versions,
+    unless ``services.weight_store_overwrite``: they are another run's (or an earlier start's), and
+    the run would otherwise clear them. The default store is the run folder's own."""
+    services = config.services
+    if not fresh or not services.weight_store or services.weight_store_overwrite:
+        return
+    versions = store.versions()
+    if versions:
+        from opencomposer.config import ConfigError
+
+        shown = ", ".join(map(str, versions[:3])) + (f", ... {versions[-1]}" if len(versions) > 3 else "")
+        raise ConfigError(
+            f"services.weight_store = {store.url!r} already holds versions {shown}, and this run has no "
+            "checkpoint to resume: it would clear them to publish its own. Name an empty store, or set "
+            "services.weight_store_overwrite = true to clear this one")
 
 
 class EmbeddedServices:
@@ -147,12 +188,9 @@ class AsyncRollouts:
     def open(self, run: Any) -> None:
         """Reconcile the weight store and the group checkpoints with the run's state, then start the
         services and one dispatcher per episode worker."""
-        from opencomposer.services.weights import WeightStore
-
         self.run = run
         services, rl = run.config.services, run.rl
-        self.store = WeightStore(services.weight_store or run.run_dir / "weights", full_every=services.full_every,
-                                 keep_versions=services.keep_versions)
+        self.store = open_weight_store(run.config)
         self.groups = GroupStore(run.run_dir)
         self._reconcile_store()
         self.reconciler = self._build_reconciler()
@@ -167,15 +205,16 @@ class AsyncRollouts:
             os.sched_setaffinity(0, self._split[0])  # this thread, the trainer, alone on its CPUs
 
     def _reconcile_store(self) -> None:
-        """The weight store holds exactly the versions up to the run's step (a resume drops the
-        versions of the steps the crash lost, and publishes the checkpoint's if it is missing)."""
-        step = self.run.state.step
-        latest = self.store.latest()
-        if latest is not None and latest > step:
-            self.store.truncate(step)
-            latest = self.store.latest()
-        if latest is None or latest < step:
-            self.store.publish(self._state_dict(), step)
+        """The weight store holds this run's versions up to its step and no other (module doc): a
+        fresh run clears it (after ``check_weight_store``); a resume drops the checkpoint's version
+        and the later ones. Then the run's step is published whole from the policy it starts from."""
+        step, fresh = self.run.state.step, self.run.resumed_from is None
+        check_weight_store(self.run.config, self.store, fresh)
+        dropped = self.store.truncate(step - 1)
+        if dropped and (fresh or dropped[-1] > step):
+            log.warning("weight store %s: unpublished versions %s (%s)", self.store.url, dropped,
+                        "a fresh run" if fresh else f"the run resumes at step {step}")
+        self.store.publish(self._state_dict(), step)
 
     def _build_reconciler(self) -> Reconciler:
         rl, state = self.run.rl, self.run.state
