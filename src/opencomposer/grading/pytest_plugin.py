@@ -20,8 +20,9 @@ that process's word for anything it can check:
   integrity problem found; ``finish`` with pytest's exit status and the number of ``test`` records.
 - **integrity**, each finding a ``violation`` record:
   a snapshot, taken at import (before any conftest or test module loads), of every function and
-  class of ``builtins``, ``pytest``, ``_pytest``, ``pluggy`` and ``unittest`` and of the methods of
-  their classes: one replaced by code that is not trusted is a violation (``unittest.TestCase.
+  class of ``builtins``, ``pytest``, ``_pytest``, ``pluggy`` and ``unittest`` (with the value
+  checks, also of the standard library modules tests compute with: ``math``, ``operator``,
+  ``fractions``, ``decimal``, ``collections``, ``random``, ...) and of the methods of their classes: one replaced by code that is not trusted is a violation (``unittest.TestCase.
   assertEqual``, ``_pytest.runner.call_and_report``, ``builtins.__import__``, ...);
   every hook implementation must come from trusted code, checked as each plugin registers and
   again with the snapshot (a ``pytest_plugins`` entry or a plugin registered by the code under
@@ -44,8 +45,10 @@ that process's word for anything it can check:
   loads and checked before and after each test call. A pyc pytest cached for such a file is never
   read (a planted one cannot skip the rewriting). A value is *foreign* when it is, or holds
   through builtin containers, an instance of a class whose comparison, arithmetic or truth methods
-  come from untrusted code (classes are noted as ``class`` statements build them), a weak proxy
-  or a mock; untrusted subclasses of builtin types become the builtin value through the base
+  come from untrusted code (classes are noted as ``class`` statements build them) or, for a class
+  the solution built, from Python code of a trusted base class (which may call back into what
+  the subclass overrides), a weak proxy or a mock (numpy's ``__array_ufunc__`` & co. count as
+  comparison methods); untrusted subclasses of builtin types become the builtin value through the base
   type's own methods. Foreign against plain fails the test (``UntrustedValue``, which ``not`` or
   ``except AssertionError`` cannot turn around), as does the truth of a foreign value with its
   own ``__bool__``/``__len__``, and arithmetic that turns a foreign operand and a plain one into a
@@ -96,6 +99,9 @@ import pytest
 
 SETTINGS_VARIABLE = "OPENCOMPOSER_TESTRUN"
 WATCHED_PACKAGES = ("pytest", "_pytest", "pluggy", "unittest")
+# what tests compute expected values and tolerances with; watched with the value checks
+WATCHED_STDLIB = ("math", "cmath", "operator", "copy", "random", "re", "string", "json", "numbers", "fractions",
+                  "decimal", "statistics", "itertools", "functools", "collections", "heapq", "bisect")
 STATE_CHECK_EVERY_S = 1.0  # besides after each test module and at the end
 DISPLAY_MODULES = ("linecache", "traceback", "warnings", "tokenize")  # read source only to show it
 # introspection: what hands out frames, code objects or every object, and what traces execution
@@ -156,7 +162,7 @@ class Recorder:
         self.trust_cache: dict[str, bool] = {}
         self.trusted_hooks: dict[int, object] = {}
         self.distrusted: set[str] = set()
-        self.snapshot = snapshot()
+        self.snapshot = snapshot(WATCHED_PACKAGES + (WATCHED_STDLIB if self.guard_values else ()))
         self.collected: dict[str, list[tuple[object, str, object, object]]] = {}
         self.write_lock = threading.Lock()  # a violation may be found on any thread
         self.auditing = threading.local()  # per thread: set while the audit hook checks a file
@@ -430,10 +436,14 @@ class _HiddenModule(types.ModuleType):
         return dir(_recorder.stand_in_module(self, "__dir__", sys._getframe(1)))
 
 
-def snapshot() -> list[tuple[dict, tuple[str, ...], tuple[object, ...], tuple[str, ...]]]:
-    """(namespace, names, values, labels) for every watched module and each class it defines:
-    its functions and classes, or the class's methods, as they are now."""
-    import unittest  # noqa: F401  (imported now, before the code under test can replace its asserts)
+def snapshot(watched: tuple[str, ...]) -> list[tuple[dict, tuple[str, ...], tuple[object, ...], tuple[str, ...]]]:
+    """(namespace, names, values, labels) for every module of the ``watched`` packages and each
+    class it defines: its functions and classes, or the class's methods, as they are now."""
+    import importlib
+
+    for name in watched:  # imported now, before the code under test can replace what they hold
+        if name not in ("pytest", "_pytest", "pluggy"):
+            importlib.import_module(name)
 
     groups = []
 
@@ -443,7 +453,7 @@ def snapshot() -> list[tuple[dict, tuple[str, ...], tuple[object, ...], tuple[st
             groups.append((namespace, names, values, tuple(f"{prefix}{name}" for name in names)))
 
     modules = [module for name, module in sorted(sys.modules.items())
-               if isinstance(module, types.ModuleType) and name.split(".")[0] in WATCHED_PACKAGES]
+               if isinstance(module, types.ModuleType) and name.split(".")[0] in watched]
     group(sys.modules, [(module.__name__, module) for module in modules], "module ")
     for module in [builtins, *modules]:
         members = [(name, value) for name, value in list(vars(module).items())
@@ -469,7 +479,10 @@ ARITHMETIC_DUNDERS = tuple(f"__{prefix}{name}__" for name in (
     "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow", "lshift", "rshift", "and",
     "xor", "or") for prefix in ("", "r")) + ("__neg__", "__pos__", "__abs__", "__invert__", "__round__",
                                               "__float__", "__int__", "__index__", "__complex__")
-VALUE_DUNDERS = COMPARISON_DUNDERS + TRUTH_DUNDERS + ARITHMETIC_DUNDERS
+ARRAY_HOOKS = ("__array_ufunc__", "__array_function__", "__array_wrap__", "__array_priority__")  # numpy defers to
+VALUE_DUNDERS = COMPARISON_DUNDERS + TRUTH_DUNDERS + ARITHMETIC_DUNDERS + ARRAY_HOOKS
+# what an untrusted subclass of a trusted Python class (UserList, Fraction) may steer through overrides
+DELEGATING = frozenset(VALUE_DUNDERS) - {"__hash__", "__bool__", "__len__", "__iter__", "__getitem__"}
 SCALARS = frozenset({int, float, complex, str, bytes, bool, type(None), type(Ellipsis), type(NotImplemented)})
 CONTAINERS = (list, tuple, dict, set, frozenset)
 # the builtin types an untrusted subclass is turned back into, with the base type's own methods
@@ -566,13 +579,17 @@ class ValueChecks:
             return known
         decides = truth = False
         mro = _type_mro(cls)
+        own = not self.class_trusted(cls)
         for name in VALUE_DUNDERS:
             for klass in mro:
                 namespace = _type_dict(klass)
                 if name in namespace:
-                    if not self.method_trusted(klass, namespace[name]):
+                    method = namespace[name]
+                    if not self.method_trusted(klass, method):
                         decides = True
                         truth = truth or name in TRUTH_DUNDERS
+                    elif own and klass is not object and name in DELEGATING and isinstance(method, types.FunctionType):
+                        decides = True  # a trusted class's Python method may call back into what the subclass overrides
                     break
         if issubclass(cls, _PROXIES) or _is_mock(cls):
             decides = True
