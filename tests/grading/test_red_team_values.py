@@ -606,6 +606,19 @@ def ordered(pairs):
     return OrderedDict(pairs)
 
 
+def describe_error():
+    """Standard-library introspection a solution may use for its own ends."""
+    import inspect
+    import logging
+    import traceback
+
+    logging.getLogger("solution").warning("describing an error")
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        return traceback.format_exc() + inspect.getsource(midpoint)
+
+
 def scale(values, factor):
     import numpy
 
@@ -668,6 +681,10 @@ def test_enums_and_subclasses():
     assert counts("aab") == {"a": 2, "b": 1}
     assert ordered([("a", 1)]) == {"a": 1}
     assert 3 not in [1, 2] and "a" in counts("abc")
+
+
+def test_the_solutions_own_introspection():
+    assert "ZeroDivisionError" in describe_error() and "def midpoint" in describe_error()
 '''
 
 NUMPY_TESTS = '''import numpy
@@ -690,7 +707,7 @@ def test_honest_values_of_every_kind_still_resolve(tmp_path: Path):
 
     hidden = {"tests/test_values.py": LEGIT_TESTS}
     names = ["test_dataclass", "test_namedtuple", "test_fraction_and_decimal", "test_bool_where_one_is_expected",
-             "test_domain_objects", "test_enums_and_subclasses"]
+             "test_domain_objects", "test_enums_and_subclasses", "test_the_solutions_own_introspection"]
     tests = [f"tests/test_values.py::{name}" for name in names]
     if importlib.util.find_spec("numpy") is not None:  # the sandbox runs this interpreter's environment
         hidden["tests/test_numpy.py"] = NUMPY_TESTS

@@ -200,6 +200,67 @@ class TestAnswer(unittest.TestCase):
 """
 
 
+SHAPES = b"""import numpy
+
+values = [3, 1, 2]
+
+
+class Box:
+    def __init__(self, items):
+        self.items = items
+
+
+def helper(x):
+    assert x > 0, f"{x} is not positive"
+    return x
+
+
+def test_shapes():
+    assert 0 <= values[0] < 10
+    assert all(0 < v <= 3 for v in values)
+    assert [v for v in values if v != 2 and not v > 2] == [1]
+    assert (total := sum(values)) == 6 and total % 4 == 2
+    assert "a" + "b" == "ab" and "%s" % 1 == "1"
+    assert (lambda: values[1] < values[0])()
+    assert sorted(values) == [1, 2, 3] != values
+    assert 4 not in values and 2 in values and values is not None
+    assert not (1 > 2) or False
+    assert Box(values).items == values
+    assert 1 if values else 0
+    assert numpy.array_equal(numpy.array(values) * 2, [6, 2, 4])
+    assert helper(2) - 1 == 1
+    assert {1: 2} == {1: 2} and {1, 2} < {1, 2, 3} and (1, 2) <= (1, 2)
+
+
+def test_a_false_chain_fails():
+    assert 0 < values[0] < 2
+
+
+def test_a_false_membership_fails():
+    assert 5 in values, "five is missing"
+"""
+DONT_REWRITE = b'''"""PYTEST_DONT_REWRITE"""
+from solution import answer
+
+
+def test_unrewritten():
+    assert answer() == 42
+'''
+
+
+@pytest.mark.bwrap
+def test_asserts_of_every_shape_keep_their_meaning(tmp_path: Path):
+    tree = {"tests/test_shapes.py": SHAPES, "tests/test_plain.py": DONT_REWRITE, "solution.py": ALWAYS_EQUAL}
+    with Sandbox(write(tmp_path / "repo", tree)) as sandbox:
+        run = run_tests(sandbox, "python -m pytest -q tests", timeout_s=60, per_test_timeout_s=10,
+                        protected=["tests"], hidden=["tests/test_shapes.py", "tests/test_plain.py"])
+    assert run.outcomes == {"tests/test_shapes.py::test_shapes": "passed",
+                            "tests/test_shapes.py::test_a_false_chain_fails": "failed",
+                            "tests/test_shapes.py::test_a_false_membership_fails": "failed",
+                            "tests/test_plain.py::test_unrewritten": "failed"}, run.tail(3000)
+    assert "five is missing" in run.output and run.tampering == []
+
+
 @pytest.mark.bwrap
 @pytest.mark.parametrize("guard_values", [True, False])
 def test_unittest_asserts_go_through_the_value_checks(tmp_path: Path, guard_values: bool):

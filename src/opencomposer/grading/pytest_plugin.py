@@ -63,7 +63,7 @@ that process's word for anything it can check:
   ``traceback`` only frames of the run itself count), or to read the code object of the tests,
   pytest or this plugin. Once collected, each hidden test module is replaced in ``sys.modules``
   (and on its package) by a stand-in that passes attributes to trusted code and answers untrusted
-  code with AttributeError and a violation. A signal handler the solution installs is called
+  code with AttributeError and a violation (its name and file excepted). A signal handler the solution installs is called
   without the interrupted frame.
 
 Trusted code is code in files of the Python installation, of this folder, and of the ``trusted``
@@ -110,6 +110,7 @@ INTROSPECTION_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "gc.ge
 FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 CODE_ATTRIBUTES = frozenset({"__code__", "f_code", "gi_code", "cr_code", "ag_code"})
 PASS_THROUGH = ("inspect.py", "traceback.py")  # introspection on behalf of their caller
+MODULE_METADATA = frozenset({"__name__", "__file__", "__path__", "__package__", "__cached__"})
 _MISSING = object()
 
 
@@ -412,6 +413,8 @@ class Recorder:
                         caller: types.FrameType | None) -> types.ModuleType:
         """The module behind ``stand_in``, for trusted code; untrusted code gets AttributeError."""
         module = self.stand_ins[id(stand_in)]
+        if name in MODULE_METADATA:  # where it lives, as inspect.getmodule asks of every module
+            return module
         filename = self.untrusted_caller(caller)
         if filename is not None:
             self.violation(f"untrusted code introspected the test run: it looked up the hidden test module "
@@ -519,6 +522,7 @@ UNITTEST_PAIRS = ("assertEqual", "assertNotEqual", "assertLess", "assertLessEqua
                   "assertCountEqual", "assertListEqual", "assertTupleEqual", "assertDictEqual", "assertSetEqual",
                   "assertSequenceEqual", "assertMultiLineEqual")
 UNITTEST_TRUTHS = ("assertTrue", "assertFalse")
+MEMBERSHIP = frozenset({"in", "not in", "assertIn", "assertNotIn"})
 HELPERS = ("@opencomposer_compare", "@opencomposer_chain", "@opencomposer_arithmetic", "@opencomposer_truth")
 _type_dict = type.__dict__["__dict__"].__get__
 _type_mro = type.__dict__["__mro__"].__get__
@@ -673,6 +677,8 @@ class ValueChecks:
         """The two operands of a comparison as it will be made: cleaned when neither is foreign,
         as they are when both are (two of the solution's values: as the solution says)."""
         clean_left, left_foreign = self.clean(left)
+        if what in MEMBERSHIP and not left_foreign and self.own_container(right):
+            return clean_left, right  # a plain value in one of the solution's containers: the container says
         clean_right, right_foreign = self.clean(right)
         if left_foreign != right_foreign:
             self.refuse(f"{_describe(left)} {what} {_describe(right)}")
@@ -681,10 +687,6 @@ class ValueChecks:
     def compare(self, symbol: str, left: object, right: object) -> object:
         if symbol in ("is", "is not"):
             return COMPARE[symbol](left, right)
-        if symbol in ("in", "not in") and self.own_container(right):
-            clean_left, left_foreign = self.clean(left)
-            if not left_foreign:  # a plain value in one of the solution's containers: the container says
-                return COMPARE[symbol](clean_left, right)
         return COMPARE[symbol](*self.pair(symbol, left, right))
 
     def own_container(self, value: object) -> bool:
