@@ -95,6 +95,8 @@ import time
 import types
 import weakref
 
+import _pytest
+import pluggy
 import pytest
 
 SETTINGS_VARIABLE = "OPENCOMPOSER_TESTRUN"
@@ -151,6 +153,8 @@ class Recorder:
         self.pass_through = frozenset(os.path.join(root, name) for root in {sysconfig.get_paths()["stdlib"], self.stdlib}
                                       for name in PASS_THROUGH)
         self.guard_values = bool(settings.get("guard_values", True)) and not self.trust_all
+        self.run_code = tuple(os.path.realpath(os.path.dirname(os.path.abspath(module.__file__)))
+                              for module in (_pytest, pluggy, pytest, sys.modules[__name__]))
         self.values = ValueChecks(self)
         self.class_origin: dict[int, tuple[type, bool]] = {}  # id -> (class, built by trusted code)
         self.guarded_modules: dict[str, types.ModuleType] = {}  # test modules whose asserts were rewritten
@@ -336,11 +340,11 @@ class Recorder:
         return None if frame is None or self.trusted_file(filename) else filename
 
     def protected_file(self, filename: str | None) -> bool:
-        """Code of the test run itself: the task's tests, pytest and this plugin (not the stdlib)."""
-        if not filename or filename.startswith("<") or not self.trusted_file(filename):
+        """Code of the test run itself: the task's tests, pytest, pluggy and this plugin (not the
+        standard library, nor the libraries the solution may use)."""
+        if self.trust_all or not filename or not os.path.isabs(filename):
             return False
-        real = os.path.realpath(filename)
-        return not _under(real, (self.stdlib,)) or f"{os.sep}site-packages{os.sep}" in real
+        return _under(os.path.realpath(filename), self.trusted + self.run_code)
 
     def introspected(self, event: str, args: tuple, caller: types.FrameType | None) -> None:
         """A violation when untrusted code reaches frames or code objects of the test run, every
