@@ -504,6 +504,39 @@ def test_the_hacks_resolve_their_task_when_the_value_defences_are_off(humaneval:
 
 
 # ----------------------------------------------------------------------------------------------
+# The prompt's helpers: a check calls the task's copy, not the solution's
+
+
+def prompt_helper_rewritten_as_the_identity(task: Task) -> str:
+    """HumanEval/38's check encodes with the prompt's ``encode_cyclic`` and expects
+    ``decode_cyclic`` to undo it: a solution that makes both the identity would pass a check that
+    took ``encode_cyclic`` from the solution module."""
+    return solution(task, '''def encode_cyclic(s: str):
+    return s
+
+
+def decode_cyclic(s: str):
+    return s
+''')
+
+
+def test_a_rewritten_prompt_helper_gains_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog):
+    from opencomposer.tasks import importers
+
+    try:
+        problem = humaneval_problems()[38]
+    except RuntimeError as e:
+        skip_missing(str(e))
+    task = humaneval_task(problem, tmp_path / "humaneval-38")
+    assert graded(task, task.gold_patch).resolved
+    assert_scores_nothing(graded(task, prompt_helper_rewritten_as_the_identity(task)), caplog)
+    # the control: a check that takes every helper from the solution module falls for it
+    monkeypatch.setattr(importers, "_prompt_helpers", lambda prompt, entry: "")
+    trusting = humaneval_task(problem, tmp_path / "humaneval-38-trusting")
+    assert graded(trusting, prompt_helper_rewritten_as_the_identity(trusting)).resolved
+
+
+# ----------------------------------------------------------------------------------------------
 # No false positives: honest values of every kind still pass
 
 

@@ -118,10 +118,15 @@ def humaneval_task(problem: dict[str, str], folder: Path, overwrite: bool = Fals
     if not solved.endswith("\n"):
         solved += "\n"
     # HumanEval runs prompt, completion and test as one program, so checks may call the module's
-    # helpers (encode_cyclic, poly, ...): import them all, as that program would see them.
+    # names: import them all, as that program would see them. The helpers the prompt gives (poly,
+    # encode_cyclic, encode_shift, ...) are then defined again from the prompt itself, so a check
+    # never trusts the solution's copy of one (a solution that rewrote ``encode_cyclic`` as the
+    # identity would otherwise pass ``decode_cyclic``'s check with the identity).
+    helpers = _prompt_helpers(problem["prompt"], entry)
     test = (
         "from solution import *  # noqa: F403\n"
         + f"from solution import {entry} as _candidate\n\n"
+        + (f"# the prompt's own helpers, as the task gave them\n{helpers}\n\n\n" if helpers else "")
         + problem["test"].strip("\n")
         + "\n\n\ndef test_check():\n    check(_candidate)\n"
     )
@@ -144,6 +149,17 @@ def humaneval_task(problem: dict[str, str], folder: Path, overwrite: bool = Fals
         gold_patch=file_diff("solution.py", stub, solved),
         overwrite=overwrite,
     )
+
+
+def _prompt_helpers(prompt: str, entry: str) -> str:
+    """The source of the prompt's imports and of its functions and classes other than ``entry``."""
+    tree = ast.parse(prompt)
+    kept = [node for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            or (isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name != entry)]
+    if not any(isinstance(node, ast.FunctionDef | ast.ClassDef) for node in kept):
+        return ""
+    return "\n\n\n".join(ast.get_source_segment(prompt, node) for node in kept)
 
 
 def import_humaneval(out_dir: Path, limit: int | None = None, overwrite: bool = False) -> list[Task]:
