@@ -25,13 +25,22 @@ What this module does instead, for the decode steps of Llama/Qwen-style models:
    row is reduced in the same order; only the number of problems changes. That holds for the
    attention projections, the router, the LM head and each expert (the tokens routed to an
    expert are tiled like any other rows, so the group size no longer matters).
-2. **Keys reduced in fixed blocks from each row's own start.** A row's keys and values sit at
-   positions ``0 .. length-1`` of its cache row (no left padding). Attention splits the keys into
-   blocks of ``BLOCK``; scores and the weighted sum of values are fixed-shape products per block,
-   and the blocks are added in index order. Blocks past a row's end (present because a longer
-   row shares the batch) have weight exactly 0 and add exact zeros.
+2. **Keys reduced in fixed blocks from each row's own start.** A row's keys and values sit in
+   blocks of ``BLOCK`` positions from its position 0 (``PagedCache``: a pool of blocks and a block
+   table per row, no left padding). For each (query, block) pair the scores and the weighted sum of
+   values are fixed-shape products; a query's maximum over its keys is exact in any order; and its
+   blocks are added as a balanced tree over a power-of-two number of slots, zeros past its last
+   block (``combine_blocks``), which is the same sum however many blocks the longest row has.
+   All rows' pairs of a layer go through one batched product per kind of block
+   (``planned_attention``): a *shared* block, a full block of a prompt that the prompt's ``n``
+   samples all read, is one ``[SHARED_ROWS * group, D] @ [D, BLOCK]`` problem for up to
+   ``SHARED_ROWS`` rows at once (one slot each, so a row's result does not depend on who fills the
+   others); every other block (the prompt's partial last block, copied per sample, and the
+   decoded ones) is the row's own, one ``[group, D] @ [D, BLOCK]`` problem. Which kind a block is
+   depends on the row alone (its prompt's length), so a row's result does not depend on its batch.
+   The samples of a prompt thus keep one copy of its keys, and the products on it are 8 rows wide.
 3. **Prefill per prompt.** A prompt is prefilled on its own, so its cache and first logits are a
-   function of the prompt alone; ``n`` samples of it copy that cache.
+   function of the prompt alone; its ``n`` samples share its full blocks (``PagedCache.repeat``).
 4. **Activations on whole tiles.** ``silu`` runs on tile-padded tensors whose size is a multiple
    of the vector width, so no row sits in a scalar tail.
 5. **Converted models in their format.** A module converted by ``[numerics]`` (``QuantizedLinear``,
@@ -101,13 +110,38 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` with ``x`` [tiles * TILE, K] (see ``pad_rows``), ``weight`` [N, K]:
-    one ``[TILE, K] @ [K, N]`` problem per tile, so a row's result does not depend on the others."""
+    one ``[TILE, K] @ [K, N]`` problem per tile, so a row's result does not depend on the others.
+
+    A weight larger than ``CHUNK_BYTES`` (the LM head) is taken ``chunk_columns`` output columns at a
+    time, each chunk by every tile before the next: ``[TILE, K] @ [K, chunk]`` problems, of shapes
+    fixed by the weight, that read the weight once from memory instead of once per tile."""
     tiles = x.shape[0] // TILE
     if tiles * TILE != x.shape[0]:
         raise ValueError(f"tiled_linear: {x.shape[0]} rows is not a multiple of TILE = {TILE}")
-    out = torch.bmm(x.view(tiles, TILE, -1), weight.T.expand(tiles, *weight.T.shape))  # [tiles, TILE, N]
+    tiled = x.view(tiles, TILE, -1)
+    columns = chunk_columns(weight)
+    if columns >= weight.shape[0]:
+        out = torch.bmm(tiled, weight.T.expand(tiles, *weight.T.shape))  # [tiles, TILE, N]
+    else:
+        out = x.new_empty(tiles, TILE, weight.shape[0])
+        for start in range(0, weight.shape[0], columns):
+            part = weight[start : start + columns].T
+            out[:, :, start : start + columns] = torch.bmm(tiled, part.expand(tiles, *part.shape))
     out = out.view(tiles * TILE, -1)
     return out if bias is None else out + bias
+
+
+CHUNK_BYTES = 4 << 20
+"""Weights larger than this are multiplied a chunk of output columns at a time (``tiled_linear``)."""
+
+
+def chunk_columns(weight: torch.Tensor) -> int:
+    """Output columns per chunk of ``weight`` [N, K] in ``tiled_linear``: all of them up to
+    ``CHUNK_BYTES``, else a multiple of 64 near 1 MiB of weight (the fastest size measured for
+    SmolLM2's LM head, 576 x 49152: 1.7x faster than one product per tile)."""
+    if weight.numel() * weight.element_size() <= CHUNK_BYTES:
+        return weight.shape[0]
+    return max(64, (1 << 20) // (weight.shape[1] * weight.element_size()) // 64 * 64)
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -214,43 +248,193 @@ def sparse_moe(block: nn.Module, x: torch.Tensor, recorder: RouteRecorder | None
     return out.view(rows, top_k, -1).sum(dim=1)
 
 
+SHARED_ROWS = 8
+"""Rows per attention problem on a shared block: the queries of up to this many rows that read the
+same read-only block are stacked into one ``[SHARED_ROWS * group, D] @ [D, BLOCK]`` problem (a
+group's ``n`` samples read their prompt's full blocks; 8 is the usual ``n``)."""
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Which block each query reads, and in which problem; built once per step, used by every layer.
+
+    Query ``i`` reads the keys ``0 .. lengths[i] - 1`` of its row, block ``j`` holding keys
+    ``j * BLOCK ..``. Each (query, block) pair is one of two kinds, fixed by the row alone:
+
+    - *shared*: a full block of the row's prompt (read-only, read by the prompt's ``n`` samples).
+      The pairs on one block fill tiles of ``SHARED_ROWS`` slots, one problem per tile and kv head;
+      ``s_query``, ``s_index`` (block index ``j``), ``s_tile``, ``s_slot`` per pair, ``s_blocks``
+      (block id) per tile. Where no block has more pairs than a tile holds, the tiles are the block
+      ids ``s_range[0] .. s_range[1] - 1`` in order (empty tiles for ids nobody reads), so that the
+      keys of the tiles are a slice of the pool, not a copy.
+    - *own*: any other block (the prompt's last, partial block and the decoded ones, one copy per
+      row): one ``[group, D] @ [D, BLOCK]`` problem per pair and kv head; ``o_query``, ``o_index``,
+      ``o_block`` (block id or, for ``block_attention``, a flat index into the rows' blocks) and
+      ``o_limit`` (keys of the block the query sees; masked past it when ``o_masked``).
+
+    ``width``: blocks per query padded to a power of two (``combine_blocks``)."""
+
+    queries: int
+    width: int
+    s_query: torch.Tensor
+    s_index: torch.Tensor
+    s_tile: torch.Tensor
+    s_slot: torch.Tensor
+    s_blocks: torch.Tensor
+    s_range: tuple[int, int] | None
+    o_query: torch.Tensor
+    o_index: torch.Tensor
+    o_block: torch.Tensor
+    o_limit: torch.Tensor
+    o_masked: bool
+
+    @staticmethod
+    def build(table: torch.Tensor, shared: torch.Tensor, query_rows: torch.Tensor,
+              lengths: torch.Tensor) -> "AttentionPlan":
+        """``table`` [rows, J] block ids; ``shared`` [rows]: the first ``shared[r]`` blocks of row
+        ``r`` are full shared blocks; ``query_rows``, ``lengths`` [queries]: each query's row and
+        number of keys it sees."""
+        device = table.device
+        counts = (lengths + BLOCK - 1) // BLOCK  # blocks each query reads
+        queries = lengths.shape[0]
+        query = torch.repeat_interleave(torch.arange(queries, device=device), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        index = torch.arange(query.shape[0], device=device) - starts[query]
+        row = query_rows[query]
+        block = table[row, index]
+        limit = (lengths[query] - index * BLOCK).clamp(max=BLOCK)
+        is_shared = (index < shared[row]) & (limit == BLOCK)
+        s_query, s_index, s_block = query[is_shared], index[is_shared], block[is_shared]
+        order = torch.argsort(s_block, stable=True)  # pairs on one block together
+        s_query, s_index, s_block = s_query[order], s_index[order], s_block[order]
+        distinct, per_block = torch.unique_consecutive(s_block, return_counts=True)
+        tiles = (per_block + SHARED_ROWS - 1) // SHARED_ROWS
+        first_pair = torch.cumsum(per_block, 0) - per_block
+        first_tile = torch.cumsum(tiles, 0) - tiles
+        group = torch.repeat_interleave(torch.arange(distinct.shape[0], device=device), per_block)
+        rank = torch.arange(s_block.shape[0], device=device) - first_pair[group]
+        s_tile = first_tile[group] + rank // SHARED_ROWS
+        s_blocks = torch.repeat_interleave(distinct, tiles)
+        s_range = None
+        if distinct.numel() and int(per_block.max()) <= SHARED_ROWS:  # one tile a block: tiles = a range of ids
+            s_range = (int(distinct[0]), int(distinct[-1]) + 1)
+            s_tile = s_block - s_range[0]
+            s_blocks = torch.arange(*s_range, device=device)
+        own = ~is_shared
+        o_limit = limit[own]
+        return AttentionPlan(
+            queries=queries, width=_pow2(int(counts.max()) if queries else 1),
+            s_query=s_query, s_index=s_index, s_tile=s_tile, s_slot=rank % SHARED_ROWS, s_blocks=s_blocks,
+            s_range=s_range,
+            o_query=query[own], o_index=index[own], o_block=block[own], o_limit=o_limit,
+            o_masked=bool((o_limit < BLOCK).any()),
+        )
+
+
+def combine_blocks(plan: AttentionPlan, query: torch.Tensor, index: torch.Tensor,
+                   parts: torch.Tensor) -> torch.Tensor:
+    """Sum each query's per-block ``parts`` ([pairs, ...]) over its blocks: [queries, ...].
+
+    The parts go to slot ``index`` of a zeroed ``[queries, width, ...]`` buffer, which is summed
+    as a balanced tree (pairs of neighbours, then pairs of those, ...). A query's blocks fill the
+    first slots and zeros the rest, and a tree over twice as many slots is the same tree plus a
+    subtree of exact zeros, so the sum does not depend on ``width`` (how long the other rows are)."""
+    buffer = parts.new_zeros(plan.queries, plan.width, *parts.shape[1:])
+    buffer[query, index] = parts
+    while buffer.shape[1] > 1:
+        buffer = buffer[:, 0::2] + buffer[:, 1::2]
+    return buffer[:, 0]
+
+
+def _amax_into(out: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> None:
+    """``out[index[i]] = max(out[index[i]], source[i])`` for every ``i`` (a maximum is exact in any order)."""
+    out.scatter_reduce_(0, index.view(-1, *[1] * (source.dim() - 1)).expand_as(source), source, "amax")
+
+
+def planned_attention(
+    q: torch.Tensor, plan: AttentionPlan, shared_kv: tuple[torch.Tensor, torch.Tensor],
+    own_kv: tuple[torch.Tensor, torch.Tensor], scale: float,
+) -> torch.Tensor:
+    """Attention of queries ``q`` [queries, heads, D] over their blocks (``AttentionPlan``).
+
+    ``shared_kv``: keys and values of each shared tile's block, ``[tiles, kv_heads, BLOCK, D]``;
+    ``own_kv``: those of each own pair's block, ``[pairs, kv_heads, BLOCK, D]``. Every product is a
+    fixed-shape problem (``[SHARED_ROWS * group, D] @ [D, BLOCK]`` per shared tile, ``[group, D] @
+    [D, BLOCK]`` per own pair, and the same shapes for the weighted values), a query's maximum is
+    exact, and its blocks are added by ``combine_blocks``: its result depends on its own keys only,
+    not on which rows share its tiles, the call or the batch. Returns [queries, heads, D]."""
+    queries, heads, dim = q.shape
+    kv_heads = own_kv[0].shape[1]
+    group = heads // kv_heads
+    q = (q * scale).view(queries, kv_heads, group, dim)
+    tiles = plan.s_blocks.shape[0]
+    # scores: shared tiles [tiles, kv, SHARED_ROWS, group, BLOCK], own pairs [pairs, kv, group, BLOCK]
+    if tiles:
+        stacked = q.new_zeros(tiles, kv_heads, SHARED_ROWS, group, dim)
+        stacked[plan.s_tile, :, plan.s_slot] = q[plan.s_query]
+        s_scores = torch.matmul(stacked.view(tiles, kv_heads, SHARED_ROWS * group, dim),
+                                shared_kv[0].transpose(-1, -2)).view(tiles, kv_heads, SHARED_ROWS, group, BLOCK)
+    o_scores = torch.matmul(q[plan.o_query], own_kv[0].transpose(-1, -2))
+    if plan.o_masked:
+        position = torch.arange(BLOCK, device=q.device)
+        o_scores.masked_fill_((position >= plan.o_limit[:, None]).view(-1, 1, 1, BLOCK), float("-inf"))
+    # each query's maximum over all its keys (exact in any order), then the weights
+    top = q.new_full((queries, kv_heads, group), float("-inf"))
+    _amax_into(top, plan.o_query, o_scores.amax(dim=-1))
+    if tiles:
+        _amax_into(top, plan.s_query, s_scores.amax(dim=-1)[plan.s_tile, :, plan.s_slot])
+        tops = q.new_zeros(tiles, kv_heads, SHARED_ROWS, group)
+        tops[plan.s_tile, :, plan.s_slot] = top[plan.s_query]
+        s_weights = s_scores.sub_(tops[..., None]).exp_()
+        s_values = torch.matmul(s_weights.view(tiles, kv_heads, SHARED_ROWS * group, BLOCK), shared_kv[1])
+        s_parts = torch.cat([s_values.view(tiles, kv_heads, SHARED_ROWS, group, dim),
+                             s_weights.sum(dim=-1, keepdim=True)], dim=-1)[plan.s_tile, :, plan.s_slot]
+    o_weights = o_scores.sub_(top[plan.o_query][..., None]).exp_()
+    o_parts = torch.cat([torch.matmul(o_weights, own_kv[1]), o_weights.sum(dim=-1, keepdim=True)], dim=-1)
+    if tiles:
+        query = torch.cat([plan.s_query, plan.o_query])
+        index = torch.cat([plan.s_index, plan.o_index])
+        total = combine_blocks(plan, query, index, torch.cat([s_parts, o_parts]))
+    else:
+        total = combine_blocks(plan, plan.o_query, plan.o_index, o_parts)
+    return (total[..., :dim] / total[..., dim:]).view(queries, heads, dim)
+
+
 def block_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """One query per row against that row's first ``lengths[r]`` keys.
+    """One query per row against that row's first ``lengths[r]`` keys, in a dense per-row cache.
 
     ``q`` [rows, heads, D]; ``keys``, ``values`` [rows, kv_heads, capacity, D], contiguous, with
     capacity a multiple of ``BLOCK``; grouped-query heads ``h`` read kv head ``h // (heads /
-    kv_heads)``. Returns [rows, heads, D]. Every block of the capacity is computed (those past all
-    rows' ends add zeros): slicing the cache instead would make the products copy it."""
-    rows, heads, dim = q.shape
-    kv_heads = keys.shape[1]
-    group = heads // kv_heads
-    blocks = keys.shape[2] // BLOCK
-    k = keys.view(rows, kv_heads, blocks, BLOCK, dim)
-    v = values.view(rows, kv_heads, blocks, BLOCK, dim)
-    q = (q * scale).view(rows, kv_heads, 1, group, dim)
-    scores = torch.matmul(q, k.transpose(-1, -2))  # [rows, kv_heads, blocks, group, BLOCK]
-    position = torch.arange(blocks * BLOCK, device=q.device).view(1, 1, blocks, 1, BLOCK)
-    scores.masked_fill_(position >= lengths.view(rows, 1, 1, 1, 1), float("-inf"))
-    top = scores.amax(dim=(2, 4), keepdim=True)  # [rows, kv_heads, 1, group, 1]
-    weights = scores.sub_(top).exp_()
-    numerator = torch.matmul(weights, v).sum(dim=2)  # [rows, kv_heads, group, D], blocks in index order
-    denominator = weights.sum(dim=4, keepdim=True).sum(dim=2)  # [rows, kv_heads, group, 1]
-    return (numerator / denominator).view(rows, heads, dim)
+    kv_heads)``. Returns [rows, heads, D]. Every block is the row's own (``planned_attention``);
+    only the blocks a row reads are computed."""
+    rows, kv_heads, capacity, dim = keys.shape
+    blocks = capacity // BLOCK
+    table = torch.arange(rows * blocks, device=q.device).view(rows, blocks)
+    plan = AttentionPlan.build(table, torch.zeros(rows, dtype=torch.long, device=q.device),
+                               torch.arange(rows, device=q.device), lengths.to(q.device))
+    row, block = plan.o_block // blocks, plan.o_block % blocks
+    own = tuple(x.view(rows, kv_heads, blocks, BLOCK, dim)[row, :, block] for x in (keys, values))
+    none = keys.new_zeros(0, kv_heads, BLOCK, dim)
+    return planned_attention(q, plan, (none, none), own, scale)
 
 
 class BlockCache:
     """Keys and values of one layer, ``[rows, kv_heads, capacity, D]``; row r's key t at index t.
 
     Unwritten slots stay zero, so a zero attention weight times them is an exact zero. The
-    capacity grows one block at a time, since attention computes all of it."""
+    capacity grows one block at a time. (The MTP drafter's cache; the decoder's is ``PagedCache``.)"""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         self.k, self.v = keys, values
 
     def write(self, k: torch.Tensor, v: torch.Tensor, index: torch.Tensor) -> None:
-        """Put ``k``, ``v`` [rows, kv_heads, D] at slot ``index[r]`` of each row, growing by doubling."""
+        """Put ``k``, ``v`` [rows, kv_heads, D] at slot ``index[r]`` of each row, growing by whole blocks."""
         need = int(index.max()) + 1
         if need > self.k.shape[2]:
             capacity = -(-need // BLOCK) * BLOCK
@@ -262,6 +446,142 @@ class BlockCache:
         rows = torch.arange(k.shape[0], device=k.device)
         self.k[rows, :, index] = k
         self.v[rows, :, index] = v
+
+
+class PagedCache:
+    """Keys and values of every layer in blocks of ``BLOCK`` positions, which rows may share.
+
+    ``k[layer]``, ``v[layer]``: a pool ``[blocks, kv_heads, BLOCK, D]``; ``table`` [rows, J]: row
+    ``r``'s position ``t`` sits in block ``table[r, t // BLOCK]`` at slot ``t % BLOCK`` (-1: none
+    yet). The first ``shared[r]`` blocks of a row are full blocks of its prompt, read-only, and
+    shared by the rows that ``repeat`` made of it; every later block belongs to one row, which
+    writes it (``repeat`` copies a partial last block for each copy of the row). Blocks are
+    zeroed when handed out and return to a free list once no row holds them (``select``)."""
+
+    def __init__(self, layers: int, kv_heads: int, dim: int, dtype: torch.dtype, device: torch.device):
+        self.k = [torch.zeros(0, kv_heads, BLOCK, dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros_like(k) for k in self.k]
+        self.table = torch.full((0, 0), -1, dtype=torch.long, device=device)
+        self.shared = torch.zeros(0, dtype=torch.long, device=device)
+        self.free: list[int] = []
+        self.held = torch.zeros(0, dtype=torch.bool, device=device)  # handed out, not yet freed
+
+    def allocate(self, count: int) -> torch.Tensor:
+        """Ids of ``count`` zeroed blocks, growing the pools (to twice their size) when needed."""
+        if count > len(self.free):
+            old = self.k[0].shape[0]
+            size = max(old + count - len(self.free), 2 * old, 16)
+            for pools in (self.k, self.v):
+                for layer, pool in enumerate(pools):
+                    grown = pool.new_zeros(size, *pool.shape[1:])
+                    grown[:old] = pool
+                    pools[layer] = grown
+            held = torch.zeros(size, dtype=torch.bool, device=self.held.device)
+            held[:old] = self.held
+            self.held = held
+            self.free.extend(range(old, size))
+        ids, self.free = self.free[:count], self.free[count:]
+        ids = torch.tensor(ids, dtype=torch.long, device=self.table.device)
+        self.held[ids] = True
+        for pool in (*self.k, *self.v):
+            pool[ids] = 0
+        return ids
+
+    def load(self, keys: list[list[torch.Tensor]], values: list[list[torch.Tensor]]) -> None:
+        """One row per prompt from its prefill: ``keys[r][layer]`` [kv_heads, length_r, D]."""
+        lengths = [k[0].shape[1] for k in keys]
+        counts = [-(-length // BLOCK) for length in lengths]
+        full = [length // BLOCK for length in lengths]
+        ids = self.allocate(sum(counts)).tolist()
+        # every prompt's full (shared) blocks side by side, then the partial last blocks
+        partial = iter(ids[sum(full) :])
+        starts = [sum(full[:r]) for r in range(len(lengths))]
+        self.table = torch.full((len(lengths), max(counts)), -1, dtype=torch.long, device=self.table.device)
+        for r, (length, count) in enumerate(zip(lengths, counts)):
+            mine = ids[starts[r] : starts[r] + full[r]] + ([next(partial)] if count > full[r] else [])
+            self.table[r, :count] = torch.tensor(mine, device=self.table.device)
+            for pools, rows in ((self.k, keys[r]), (self.v, values[r])):
+                for pool, source in zip(pools, rows):
+                    padded = source.new_zeros(source.shape[0], count * BLOCK, source.shape[2])
+                    padded[:, :length] = source
+                    pool[mine] = padded.view(source.shape[0], count, BLOCK, -1).transpose(0, 1)
+        self.shared = torch.tensor([length // BLOCK for length in lengths], dtype=torch.long,
+                                   device=self.table.device)
+
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ids and slots for writing position ``positions[i]`` of row ``rows[i]``, handing out
+        blocks for positions that have none yet. Refuses a write into a row's shared blocks."""
+        index = positions // BLOCK
+        if bool((index < self.shared[rows]).any()):
+            raise ValueError("PagedCache: a write into a shared prompt block")
+        need = int(index.max()) + 1
+        if need > self.table.shape[1]:
+            wider = self.table.new_full((self.table.shape[0], need), -1)
+            wider[:, : self.table.shape[1]] = self.table
+            self.table = wider
+        missing = self.table[rows, index] < 0
+        if bool(missing.any()):
+            pairs = torch.unique(torch.stack([rows[missing], index[missing]], dim=1), dim=0)
+            self.table[pairs[:, 0], pairs[:, 1]] = self.allocate(pairs.shape[0])
+        return self.table[rows, index], positions % BLOCK
+
+    def write(self, layer: int, blocks: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put ``k``, ``v`` [writes, kv_heads, D] of ``layer`` at the places ``slots`` gave."""
+        self.k[layer][blocks, :, slots] = k
+        self.v[layer][blocks, :, slots] = v
+
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``blocks``: [len(blocks), kv_heads, BLOCK, D] each."""
+        return self.k[layer][blocks], self.v[layer][blocks]
+
+    def shared_kv(self, layer: int, plan: AttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``plan``'s shared tiles: a slice of the pools where the tiles are a
+        range of block ids (``load`` puts every prompt's full blocks side by side), else a copy."""
+        if plan.s_range is None:
+            return self.gather(layer, plan.s_blocks)
+        start, end = plan.s_range
+        return self.k[layer][start:end], self.v[layer][start:end]
+
+    def repeat(self, n: int) -> None:
+        """Each row ``n`` times in a row; the copies share its shared blocks and get their own
+        copies of the rest."""
+        self.table = self.table.repeat_interleave(n, dim=0)
+        self.shared = self.shared.repeat_interleave(n)
+        if n == 1:
+            return
+        index = torch.arange(self.table.shape[1], device=self.table.device)
+        copies = (self.table >= 0) & (index[None] >= self.shared[:, None])
+        copies[::n] = False  # the first copy keeps the row's own blocks
+        rows, cols = copies.nonzero(as_tuple=True)
+        if rows.numel():
+            source = self.table[rows, cols]
+            fresh = self.allocate(rows.numel())
+            for pool in (*self.k, *self.v):
+                pool[fresh] = pool[source]
+            self.table[rows, cols] = fresh
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep ``rows`` (in that order); blocks no remaining row holds go back to the free list."""
+        self.table, self.shared = self.table[rows], self.shared[rows]
+        kept = self.table[self.table >= 0]
+        still = torch.zeros_like(self.held)
+        still[kept] = True
+        freed = (self.held & ~still).nonzero()[:, 0]
+        self.held = still
+        self.free.extend(freed.tolist())
+
+    def row_prefix(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of row ``row``'s first ``length`` keys and values, ``[kv_heads, length, D]`` a layer."""
+        blocks = self.table[row, : -(-length // BLOCK)]
+
+        def flat(pool: torch.Tensor) -> torch.Tensor:
+            part = pool[blocks]  # [blocks, kv_heads, BLOCK, D]
+            return part.transpose(0, 1).reshape(part.shape[1], -1, part.shape[3])[:, :length].clone()
+
+        return [flat(k) for k in self.k], [flat(v) for v in self.v]
+
+    def plan(self, query_rows: torch.Tensor, lengths: torch.Tensor) -> AttentionPlan:
+        return AttentionPlan.build(self.table, self.shared, query_rows, lengths)
 
 
 @dataclass(frozen=True)
@@ -305,7 +625,7 @@ class InvariantDecoder:
         self.apply_rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb
         self.head_dim = attention.head_dim
         self.scaling = attention.scaling
-        self.cache: list[BlockCache] = []
+        self.cache: PagedCache | None = None
         self.prompt_routes: list[torch.Tensor] = []  # per prefilled row, [length, moe_layers, top_k]
         self.keep_hidden = False  # prefill keeps each row's final-norm hidden states (MTP drafts)
         self.prompt_hidden: list[torch.Tensor] = []  # per prefilled row, [length, H], when keep_hidden
@@ -323,7 +643,6 @@ class InvariantDecoder:
         and only the rest of it is run (``_prefill_after``)."""
         lengths = mask.sum(dim=1).tolist()
         width = input_ids.shape[1]
-        capacity = -(-(max(lengths) + 1) // BLOCK) * BLOCK
         logits, keys, values = [], [], []
         self.prompt_routes = []
         self.prompt_hidden = []
@@ -351,14 +670,9 @@ class InvariantDecoder:
                 self.prompt_hidden.append(alone.hidden[0])
             keys.append([kv.k[0, :, :length] for kv in alone.cache])
             values.append([kv.v[0, :, :length] for kv in alone.cache])
-        self.cache = []
-        for layer in range(len(self.layers)):
-            k = keys[0][layer].new_zeros(len(lengths), keys[0][layer].shape[0], capacity, self.head_dim)
-            v = torch.zeros_like(k)
-            for r, length in enumerate(lengths):
-                k[r, :, :length] = keys[r][layer]
-                v[r, :, :length] = values[r][layer]
-            self.cache.append(BlockCache(k, v))
+        first = keys[0][0]
+        self.cache = PagedCache(len(self.layers), first.shape[0], self.head_dim, first.dtype, first.device)
+        self.cache.load(keys, values)
         return torch.cat(logits)
 
     def _prefill_after(
@@ -385,17 +699,15 @@ class InvariantDecoder:
     def row_prefix(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of the keys and values of the first ``length`` positions of cache row ``row``,
         one ``[kv_heads, length, head_dim]`` tensor per layer each (copies, so that a stored
-        prefix does not keep the whole batch's cache alive)."""
-        keys = [kv.k[row, :, :length].clone() for kv in self.cache]
-        values = [kv.v[row, :, :length].clone() for kv in self.cache]
-        return keys, values
+        prefix does not keep the decode cache alive)."""
+        return self.cache.row_prefix(row, length)
 
     def step(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed ``T`` tokens per row (``token_ids``, ``positions`` [rows, T]); logits [rows, T, V].
 
         Token ``t`` of a row attends to the row's keys up to its own position, those of tokens
         ``< t`` of the same call included. Each of the ``rows × T`` tokens is one row of the tiled
-        matmuls and one query of ``block_attention``, so a token's logits are bit for bit what
+        matmuls and one query of ``planned_attention``, so a token's logits are bit for bit what
         feeding the tokens one call at a time gives (speculative decoding verifies drafts this
         way). A row's keys past its position are never read, so a later call may overwrite a
         rejected draft's slot. The final-norm hidden states stay in ``last_hidden`` [rows, T, H]."""
@@ -403,7 +715,12 @@ class InvariantDecoder:
         hidden = self.inner.embed_tokens(token_ids)  # [rows, T, H]
         cos, sin = self.inner.rotary_emb(hidden, positions)
         hidden = hidden.reshape(rows * width, -1)  # token (r, t) at r * T + t
-        for layer, kv in zip(self.layers, self.cache):
+        cache = self.cache
+        query_rows = torch.arange(rows, device=token_ids.device).repeat_interleave(width)
+        flat_positions = positions.reshape(-1)
+        blocks, slots = cache.slots(query_rows, flat_positions)
+        plan = cache.plan(query_rows, flat_positions + 1)
+        for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = pad_rows(layer.input_layernorm(hidden))
             flat = rows * width
@@ -413,10 +730,12 @@ class InvariantDecoder:
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [rows, heads, T, D]
-            for t in range(width):
-                kv.write(k[:, :, t], v[:, t], positions[:, t])
-            out = torch.stack([block_attention(q[:, :, t], kv.k, kv.v, positions[:, t] + 1, self.scaling)
-                               for t in range(width)], dim=1)  # [rows, T, heads, D]
+            k = k.transpose(1, 2).reshape(flat, -1, self.head_dim)  # token (r, t) at r * T + t
+            cache.write(index, blocks, slots, k, v.reshape(flat, -1, self.head_dim))
+            q = q.transpose(1, 2).reshape(flat, -1, self.head_dim)
+            shared_kv = cache.shared_kv(index, plan)
+            own_kv = cache.gather(index, plan.o_block)
+            out = planned_attention(q, plan, shared_kv, own_kv, self.scaling)  # [rows * T, heads, D]
             hidden = hidden + project(pad_rows(out.reshape(flat, -1)), attn.o_proj)[:flat]
             x = layer.post_attention_layernorm(hidden)
             if hasattr(layer.mlp, "experts"):
@@ -428,10 +747,7 @@ class InvariantDecoder:
         return linear_rows(hidden, self.model.lm_head.weight, self.model.lm_head.bias).view(rows, width, -1)
 
     def repeat(self, n: int) -> None:
-        for kv in self.cache:
-            kv.k = kv.k.repeat_interleave(n, dim=0)
-            kv.v = kv.v.repeat_interleave(n, dim=0)
+        self.cache.repeat(n)
 
     def select(self, rows: torch.Tensor) -> None:
-        for kv in self.cache:
-            kv.k, kv.v = kv.k[rows], kv.v[rows]
+        self.cache.select(rows)

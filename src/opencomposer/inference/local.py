@@ -5,7 +5,8 @@
 1. **Prefill.** Each prompt of a chunk is run through the model on its own, so its cache and first
    logits are a function of the prompt alone; the cache is then repeated ``n`` times, so the ``n``
    samples of a prompt share one prefill (the report's fixed-size groups make this the common
-   case).
+   case) and, in the batch-invariant decoder, one copy of the prompt's full key/value blocks,
+   which its decode attention reads for all of them at once (``inference.invariant``).
 2. **Decode.** Each step feeds the last token of every live row. Llama- and Qwen-style models run
    through ``inference.invariant.InvariantDecoder`` (fixed-shape matmuls, attention in fixed key
    blocks, each row's keys from its own position 0); other architectures through their

@@ -26,7 +26,7 @@ def sample_tokens(
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         return tokens, logprobs
-    scaled = logits / params.temperature
+    scaled = logits if params.temperature == 1 else logits / params.temperature  # x / 1 is x: a pass saved
     keep = kept_tokens(scaled, params.top_p, params.top_k) if truncates(params.top_p, params.top_k) else None
     logp = truncated_logprobs(scaled, keep)  # [B, V], -inf outside the kept tokens
     cdf = prefix_sums(logp.exp())  # flat over cut tokens, so a draw never lands on one
