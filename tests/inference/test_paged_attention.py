@@ -1,8 +1,7 @@
 """The paged key/value cache of the batch-invariant decoder (``inference.invariant.PagedCache``)
 and its attention (``planned_attention``): a query's result is the same bits whichever rows share
 its blocks and tiles, and agrees with ``scaled_dot_product_attention``; ``repeat`` shares a
-prompt's full blocks and copies the rest; ``select`` frees what no row holds; ``row_prefix``
-gives back what was loaded."""
+prompt's full blocks and copies the rest; ``row_prefix`` gives back what was loaded and written."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ def _cache(lengths: list[int], n: int, seed: int) -> tuple[PagedCache, list[torc
     generator = torch.Generator().manual_seed(seed)
     keys = [torch.randn(KV_HEADS, length, DIM, generator=generator) for length in lengths]
     values = [torch.randn(KV_HEADS, length, DIM, generator=generator) for length in lengths]
-    cache = PagedCache(1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
-    cache.load([[k] for k in keys], [[v] for v in values])
+    cache = PagedCache([[k] for k in keys], [[v] for v in values])
     cache.repeat(n)
     return cache, keys, values
 
@@ -28,7 +26,7 @@ def _attend(cache: PagedCache, q: torch.Tensor, lengths: torch.Tensor) -> torch.
     """One query per row (``q`` [rows, heads, D]) over the row's first ``lengths[r]`` keys."""
     rows = torch.arange(q.shape[0])
     plan = cache.plan(rows, lengths)
-    return planned_attention(q, plan, cache.shared_kv(0, plan), cache.gather(0, plan.o_block), DIM**-0.5)
+    return planned_attention(q, plan, cache.shared_kv(0, plan), cache.own_kv(0, plan), DIM**-0.5)
 
 
 def test_a_query_gets_the_same_bits_whoever_shares_its_blocks():
@@ -38,14 +36,14 @@ def test_a_query_gets_the_same_bits_whoever_shares_its_blocks():
     alone, keys, values = _cache([prompt], 1, seed=0)
     reference = _attend(alone, q[None], torch.tensor([prompt]))[0]
     for others, n, slot in [([], SHARED_ROWS, 5), ([70, 2 * BLOCK], 3, 1), ([9], 2 * SHARED_ROWS + 1, 12)]:
-        fresh = PagedCache(1, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
         other_keys = [torch.randn(KV_HEADS, length, DIM, generator=generator) for length in others]
         other_values = [torch.randn(KV_HEADS, length, DIM, generator=generator) for length in others]
-        fresh.load([[k] for k in [*other_keys, keys[0]]], [[v] for v in [*other_values, values[0]]])
+        fresh = PagedCache([[k] for k in [*other_keys, keys[0]]], [[v] for v in [*other_values, values[0]]])
         fresh.repeat(n)
         rows = fresh.table.shape[0]
         queries = torch.randn(rows, HEADS, DIM, generator=generator)
-        lengths = torch.tensor([length for length in [*others, prompt] for _ in range(n)])
+        # the other rows' queries sit one past their prompts (an unwritten, zero key), as when decoding
+        lengths = torch.tensor([length + 1 for length in others for _ in range(n)] + [prompt] * n)
         mine = len(others) * n + slot
         queries[mine] = q
         assert torch.equal(_attend(fresh, queries, lengths)[mine], reference), (others, n, slot)
@@ -54,18 +52,22 @@ def test_a_query_gets_the_same_bits_whoever_shares_its_blocks():
     torch.testing.assert_close(reference, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_repeat_shares_full_blocks_and_select_frees_what_nobody_holds():
+def test_repeat_shares_full_blocks_and_rows_keep_what_they_wrote():
     lengths = [2 * BLOCK, BLOCK + 5]
     cache, keys, values = _cache(lengths, 3, seed=1)
     table = cache.table
     assert torch.equal(table[0, :2], table[1, :2]) and torch.equal(table[3, :1], table[5, :1])  # shared
-    assert len({int(table[r, 1]) for r in (3, 4, 5)}) == 3  # the partial block: one copy a row
+    assert cache.k[0].shape[0] == 3  # one copy of each full block, whatever n
     for r, length in enumerate(lengths):
         got_k, got_v = cache.row_prefix(3 * r + 2, length)
         assert torch.equal(got_k[0], keys[r]) and torch.equal(got_v[0], values[r])
-    blocks, slots = cache.slots(torch.tensor([0, 4]), torch.tensor([2 * BLOCK, BLOCK + 5]))
-    assert int(blocks[0]) not in table[:3].tolist() and int(slots[0]) == 0  # a new block for row 0
-    held = int(cache.held.sum())
-    cache.select(torch.tensor([1, 4]))
-    assert int(cache.held.sum()) == held - 3  # row 0's new block, row 3's and row 5's partial ones
-    assert int(cache.held.sum()) + len(cache.free) == cache.k[0].shape[0]
+    rows, positions = torch.tensor([0, 4]), torch.tensor([2 * BLOCK + 70, BLOCK + 5])
+    index = cache.slots(rows, positions)  # grows the own caches to two blocks
+    new_k, new_v = torch.randn(2, KV_HEADS, DIM), torch.randn(2, KV_HEADS, DIM)
+    cache.write(0, rows, index, new_k, new_v)
+    cache.select(torch.tensor([4, 0]))
+    got_k, got_v = cache.row_prefix(0, BLOCK + 6)
+    assert torch.equal(got_k[0][:, : BLOCK + 5], keys[1]) and torch.equal(got_k[0][:, -1], new_k[1])
+    got_k, got_v = cache.row_prefix(1, 2 * BLOCK + 71)
+    assert torch.equal(got_v[0][:, : 2 * BLOCK], values[0]) and torch.equal(got_v[0][:, -1], new_v[0])
+    assert not got_v[0][:, 2 * BLOCK : -1].any()  # unwritten slots are zeros

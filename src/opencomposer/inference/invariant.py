@@ -26,19 +26,19 @@ What this module does instead, for the decode steps of Llama/Qwen-style models:
    attention projections, the router, the LM head and each expert (the tokens routed to an
    expert are tiled like any other rows, so the group size no longer matters).
 2. **Keys reduced in fixed blocks from each row's own start.** A row's keys and values sit in
-   blocks of ``BLOCK`` positions from its position 0 (``PagedCache``: a pool of blocks and a block
-   table per row, no left padding). For each (query, block) pair the scores and the weighted sum of
-   values are fixed-shape products; a query's maximum over its keys is exact in any order; and its
-   blocks are added as a balanced tree over a power-of-two number of slots, zeros past its last
-   block (``combine_blocks``), which is the same sum however many blocks the longest row has.
-   All rows' pairs of a layer go through one batched product per kind of block
-   (``planned_attention``): a *shared* block, a full block of a prompt that the prompt's ``n``
-   samples all read, is one ``[SHARED_ROWS * group, D] @ [D, BLOCK]`` problem for up to
-   ``SHARED_ROWS`` rows at once (one slot each, so a row's result does not depend on who fills the
-   others); every other block (the prompt's partial last block, copied per sample, and the
-   decoded ones) is the row's own, one ``[group, D] @ [D, BLOCK]`` problem. Which kind a block is
-   depends on the row alone (its prompt's length), so a row's result does not depend on its batch.
-   The samples of a prompt thus keep one copy of its keys, and the products on it are 8 rows wide.
+   blocks of ``BLOCK`` positions from its position 0, no left padding (``PagedCache``: the full
+   blocks of each prompt once, in a pool that the prompt's ``n`` samples share; the rest of each
+   row, its prompt's partial last block and the decoded positions, in a dense cache of its own).
+   For each (query, block) pair the scores and the weighted sum of values are fixed-shape
+   products; a query's maximum over its keys is exact in any order; and its blocks are added as a
+   balanced tree over a power-of-two number of slots, zeros past its last block
+   (``combine_blocks``), which is the same sum however many blocks the longest row has. All
+   rows' pairs of a layer go through one batched product per kind of block
+   (``planned_attention``): a shared block is one ``[SHARED_ROWS * group, D] @ [D, BLOCK]``
+   problem for up to ``SHARED_ROWS`` rows at once (one slot each, so a row's result does not
+   depend on who fills the others), an own block one ``[group, D] @ [D, BLOCK]`` problem. Which
+   kind a block is depends on the row alone (its prompt's length), so a row's result does not
+   depend on its batch; the products on a prompt's blocks are 8 rows wide instead of one.
 3. **Prefill per prompt.** A prompt is prefilled on its own, so its cache and first logits are a
    function of the prompt alone; its ``n`` samples share its full blocks (``PagedCache.repeat``).
 4. **Activations on whole tiles.** ``silu`` runs on tile-padded tensors whose size is a multiple
@@ -260,22 +260,19 @@ def _pow2(n: int) -> int:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """Which block each query reads, and in which problem; built once per step, used by every layer.
+    """Which keys each query reads, and in which problem; built once per step, used by every layer.
 
     Query ``i`` reads the keys ``0 .. lengths[i] - 1`` of its row, block ``j`` holding keys
-    ``j * BLOCK ..``. Each (query, block) pair is one of two kinds, fixed by the row alone:
-
-    - *shared*: a full block of the row's prompt (read-only, read by the prompt's ``n`` samples).
-      The pairs on one block fill tiles of ``SHARED_ROWS`` slots, one problem per tile and kv head;
-      ``s_query``, ``s_index`` (block index ``j``), ``s_tile``, ``s_slot`` per pair, ``s_blocks``
-      (block id) per tile. Where no block has more pairs than a tile holds, the tiles are the block
-      ids ``s_range[0] .. s_range[1] - 1`` in order (empty tiles for ids nobody reads), so that the
-      keys of the tiles are a slice of the pool, not a copy.
-    - *own*: any other block (the prompt's last, partial block and the decoded ones, one copy per
-      row): one ``[group, D] @ [D, BLOCK]`` problem per pair and kv head; ``o_query``, ``o_index``,
-      ``o_block`` (block id or, for ``block_attention``, a flat index into the rows' blocks) and
-      ``o_limit`` (keys of the block the query sees; masked past it when ``o_masked``).
-
+    ``j * BLOCK ..``. The row's first ``shared[r]`` blocks are *shared*: full blocks of its prompt
+    in a pool, read by the prompt's ``n`` samples. The pairs (query, shared block) on one block
+    fill tiles of ``SHARED_ROWS`` slots, one problem per tile and kv head: ``s_query``, ``s_index``
+    (block index ``j``), ``s_tile``, ``s_slot`` per pair, ``s_blocks`` (pool block) per tile. Where
+    no block has more pairs than a tile holds, the tiles are the pool blocks ``s_range[0] ..
+    s_range[1] - 1`` in order (empty tiles for blocks nobody reads), so the keys of the tiles are
+    a slice of the pool, not a copy. The rest of a row's keys are its *own*, in a dense per-row
+    cache from key ``shared[r] * BLOCK`` on: ``own_blocks`` blocks a query, block ``o`` at index
+    ``own_slot[i, o] = shared + o`` of the row, of which the query sees ``own_limit[i, o]`` keys.
+    ``own_rows``: each query's own-cache row, None when query ``i`` is row ``i``.
     ``width``: blocks per query padded to a power of two (``combine_blocks``)."""
 
     queries: int
@@ -286,31 +283,29 @@ class AttentionPlan:
     s_slot: torch.Tensor
     s_blocks: torch.Tensor
     s_range: tuple[int, int] | None
-    o_query: torch.Tensor
-    o_index: torch.Tensor
-    o_block: torch.Tensor
-    o_limit: torch.Tensor
-    o_masked: bool
+    own_blocks: int
+    own_slot: torch.Tensor
+    own_limit: torch.Tensor
+    own_masked: bool
+    own_rows: torch.Tensor | None
 
     @staticmethod
-    def build(table: torch.Tensor, shared: torch.Tensor, query_rows: torch.Tensor,
-              lengths: torch.Tensor) -> "AttentionPlan":
-        """``table`` [rows, J] block ids; ``shared`` [rows]: the first ``shared[r]`` blocks of row
-        ``r`` are full shared blocks; ``query_rows``, ``lengths`` [queries]: each query's row and
-        number of keys it sees."""
-        device = table.device
-        counts = (lengths + BLOCK - 1) // BLOCK  # blocks each query reads
+    def build(table: torch.Tensor, shared: torch.Tensor, query_rows: torch.Tensor, lengths: torch.Tensor,
+              own_capacity: int) -> "AttentionPlan":
+        """``table`` [rows, J] pool blocks of the shared blocks; ``shared`` [rows]; ``query_rows``,
+        ``lengths`` [queries]: each query's row and the number of keys it sees (past its row's
+        shared blocks); ``own_capacity``: positions of the own cache, a multiple of ``BLOCK``."""
+        device = query_rows.device
         queries = lengths.shape[0]
+        counts = shared[query_rows]  # shared blocks each query reads
+        if bool((lengths <= counts * BLOCK).any()):
+            raise ValueError("AttentionPlan: a query inside its row's shared blocks")
         query = torch.repeat_interleave(torch.arange(queries, device=device), counts)
         starts = torch.cumsum(counts, 0) - counts
-        index = torch.arange(query.shape[0], device=device) - starts[query]
-        row = query_rows[query]
-        block = table[row, index]
-        limit = (lengths[query] - index * BLOCK).clamp(max=BLOCK)
-        is_shared = (index < shared[row]) & (limit == BLOCK)
-        s_query, s_index, s_block = query[is_shared], index[is_shared], block[is_shared]
+        s_index = torch.arange(query.shape[0], device=device) - starts[query]
+        s_block = table[query_rows[query], s_index]
         order = torch.argsort(s_block, stable=True)  # pairs on one block together
-        s_query, s_index, s_block = s_query[order], s_index[order], s_block[order]
+        s_query, s_index, s_block = query[order], s_index[order], s_block[order]
         distinct, per_block = torch.unique_consecutive(s_block, return_counts=True)
         tiles = (per_block + SHARED_ROWS - 1) // SHARED_ROWS
         first_pair = torch.cumsum(per_block, 0) - per_block
@@ -320,31 +315,38 @@ class AttentionPlan:
         s_tile = first_tile[group] + rank // SHARED_ROWS
         s_blocks = torch.repeat_interleave(distinct, tiles)
         s_range = None
-        if distinct.numel() and int(per_block.max()) <= SHARED_ROWS:  # one tile a block: tiles = a range of ids
+        if distinct.numel() and int(per_block.max()) <= SHARED_ROWS:  # one tile a block: tiles = a range
             s_range = (int(distinct[0]), int(distinct[-1]) + 1)
             s_tile = s_block - s_range[0]
             s_blocks = torch.arange(*s_range, device=device)
-        own = ~is_shared
-        o_limit = limit[own]
+        own_blocks = own_capacity // BLOCK
+        own = torch.arange(own_blocks, device=device)
+        own_limit = (lengths[:, None] - (counts[:, None] + own) * BLOCK).clamp(0, BLOCK)  # [queries, own_blocks]
+        identity = queries == shared.shape[0] and bool((query_rows == torch.arange(queries, device=device)).all())
         return AttentionPlan(
-            queries=queries, width=_pow2(int(counts.max()) if queries else 1),
+            queries=queries, width=_pow2(int(counts.max()) + own_blocks if queries else 1),
             s_query=s_query, s_index=s_index, s_tile=s_tile, s_slot=rank % SHARED_ROWS, s_blocks=s_blocks,
-            s_range=s_range,
-            o_query=query[own], o_index=index[own], o_block=block[own], o_limit=o_limit,
-            o_masked=bool((o_limit < BLOCK).any()),
+            s_range=s_range, own_blocks=own_blocks, own_slot=counts[:, None] + own, own_limit=own_limit,
+            own_masked=bool((own_limit < BLOCK).any()), own_rows=None if identity else query_rows,
         )
 
 
-def combine_blocks(plan: AttentionPlan, query: torch.Tensor, index: torch.Tensor,
-                   parts: torch.Tensor) -> torch.Tensor:
-    """Sum each query's per-block ``parts`` ([pairs, ...]) over its blocks: [queries, ...].
+def combine_blocks(plan: AttentionPlan, own: torch.Tensor, query: torch.Tensor, index: torch.Tensor,
+                   shared: torch.Tensor | None) -> torch.Tensor:
+    """Sum each query's per-block parts over its blocks: [queries, ...].
 
-    The parts go to slot ``index`` of a zeroed ``[queries, width, ...]`` buffer, which is summed
-    as a balanced tree (pairs of neighbours, then pairs of those, ...). A query's blocks fill the
-    first slots and zeros the rest, and a tree over twice as many slots is the same tree plus a
-    subtree of exact zeros, so the sum does not depend on ``width`` (how long the other rows are)."""
-    buffer = parts.new_zeros(plan.queries, plan.width, *parts.shape[1:])
-    buffer[query, index] = parts
+    ``own`` [queries, own_blocks, ...]; ``shared`` [pairs, ...] at block ``index`` of ``query``.
+    The parts go to their block's slot of a zeroed ``[queries, width, ...]`` buffer, which is
+    summed as a balanced tree (pairs of neighbours, then pairs of those, ...). A query's blocks
+    fill the first slots and zeros the rest (blocks past its end are exact zeros), and a tree over
+    twice as many slots is the same tree plus a subtree of zeros, so the sum does not depend on
+    ``width`` (how long the other rows are)."""
+    buffer = own.new_zeros(plan.queries, plan.width, *own.shape[2:])
+    if shared is None:
+        buffer[:, : plan.own_blocks] = own
+    else:
+        buffer[torch.arange(plan.queries, device=own.device)[:, None], plan.own_slot] = own
+        buffer[query, index] = shared
     while buffer.shape[1] > 1:
         buffer = buffer[:, 0::2] + buffer[:, 1::2]
     return buffer[:, 0]
@@ -359,48 +361,44 @@ def planned_attention(
     q: torch.Tensor, plan: AttentionPlan, shared_kv: tuple[torch.Tensor, torch.Tensor],
     own_kv: tuple[torch.Tensor, torch.Tensor], scale: float,
 ) -> torch.Tensor:
-    """Attention of queries ``q`` [queries, heads, D] over their blocks (``AttentionPlan``).
+    """Attention of queries ``q`` [queries, heads, D] over their keys (``AttentionPlan``).
 
     ``shared_kv``: keys and values of each shared tile's block, ``[tiles, kv_heads, BLOCK, D]``;
-    ``own_kv``: those of each own pair's block, ``[pairs, kv_heads, BLOCK, D]``. Every product is a
-    fixed-shape problem (``[SHARED_ROWS * group, D] @ [D, BLOCK]`` per shared tile, ``[group, D] @
-    [D, BLOCK]`` per own pair, and the same shapes for the weighted values), a query's maximum is
-    exact, and its blocks are added by ``combine_blocks``: its result depends on its own keys only,
-    not on which rows share its tiles, the call or the batch. Returns [queries, heads, D]."""
+    ``own_kv``: each query's own cache, ``[queries, kv_heads, own_blocks * BLOCK, D]``. Every
+    product is a fixed-shape problem (``[SHARED_ROWS * group, D] @ [D, BLOCK]`` per shared tile,
+    ``[group, D] @ [D, BLOCK]`` per own block, and the same shapes for the weighted values), a
+    query's maximum is exact, and its blocks are added by ``combine_blocks``: its result depends on
+    its own keys only, not on which rows share its tiles, the call or the batch. Returns
+    [queries, heads, D]."""
     queries, heads, dim = q.shape
     kv_heads = own_kv[0].shape[1]
     group = heads // kv_heads
+    blocks = plan.own_blocks
     q = (q * scale).view(queries, kv_heads, group, dim)
+    own_k = own_kv[0].view(queries, kv_heads, blocks, BLOCK, dim)
+    own_v = own_kv[1].view(queries, kv_heads, blocks, BLOCK, dim)
+    o_scores = torch.matmul(q[:, :, None], own_k.transpose(-1, -2))  # [queries, kv, blocks, group, BLOCK]
+    if plan.own_masked:
+        hidden = torch.arange(BLOCK, device=q.device) >= plan.own_limit[..., None]  # [queries, blocks, BLOCK]
+        o_scores.masked_fill_(hidden[:, None, :, None], float("-inf"))
+    top = o_scores.amax(dim=(2, 4))  # [queries, kv, group]; exact in any order
     tiles = plan.s_blocks.shape[0]
-    # scores: shared tiles [tiles, kv, SHARED_ROWS, group, BLOCK], own pairs [pairs, kv, group, BLOCK]
+    s_parts = None
     if tiles:
         stacked = q.new_zeros(tiles, kv_heads, SHARED_ROWS, group, dim)
-        stacked[plan.s_tile, :, plan.s_slot] = q[plan.s_query]
+        stacked[plan.s_tile, :, plan.s_slot] = q.index_select(0, plan.s_query)
         s_scores = torch.matmul(stacked.view(tiles, kv_heads, SHARED_ROWS * group, dim),
                                 shared_kv[0].transpose(-1, -2)).view(tiles, kv_heads, SHARED_ROWS, group, BLOCK)
-    o_scores = torch.matmul(q[plan.o_query], own_kv[0].transpose(-1, -2))
-    if plan.o_masked:
-        position = torch.arange(BLOCK, device=q.device)
-        o_scores.masked_fill_((position >= plan.o_limit[:, None]).view(-1, 1, 1, BLOCK), float("-inf"))
-    # each query's maximum over all its keys (exact in any order), then the weights
-    top = q.new_full((queries, kv_heads, group), float("-inf"))
-    _amax_into(top, plan.o_query, o_scores.amax(dim=-1))
-    if tiles:
         _amax_into(top, plan.s_query, s_scores.amax(dim=-1)[plan.s_tile, :, plan.s_slot])
         tops = q.new_zeros(tiles, kv_heads, SHARED_ROWS, group)
-        tops[plan.s_tile, :, plan.s_slot] = top[plan.s_query]
+        tops[plan.s_tile, :, plan.s_slot] = top.index_select(0, plan.s_query)
         s_weights = s_scores.sub_(tops[..., None]).exp_()
         s_values = torch.matmul(s_weights.view(tiles, kv_heads, SHARED_ROWS * group, BLOCK), shared_kv[1])
         s_parts = torch.cat([s_values.view(tiles, kv_heads, SHARED_ROWS, group, dim),
                              s_weights.sum(dim=-1, keepdim=True)], dim=-1)[plan.s_tile, :, plan.s_slot]
-    o_weights = o_scores.sub_(top[plan.o_query][..., None]).exp_()
-    o_parts = torch.cat([torch.matmul(o_weights, own_kv[1]), o_weights.sum(dim=-1, keepdim=True)], dim=-1)
-    if tiles:
-        query = torch.cat([plan.s_query, plan.o_query])
-        index = torch.cat([plan.s_index, plan.o_index])
-        total = combine_blocks(plan, query, index, torch.cat([s_parts, o_parts]))
-    else:
-        total = combine_blocks(plan, plan.o_query, plan.o_index, o_parts)
+    o_weights = o_scores.sub_(top[:, :, None, :, None]).exp_()
+    o_parts = torch.cat([torch.matmul(o_weights, own_v), o_weights.sum(dim=-1, keepdim=True)], dim=-1)
+    total = combine_blocks(plan, o_parts.transpose(1, 2), plan.s_query, plan.s_index, s_parts)
     return (total[..., :dim] / total[..., dim:]).view(queries, heads, dim)
 
 
@@ -411,17 +409,14 @@ def block_attention(
 
     ``q`` [rows, heads, D]; ``keys``, ``values`` [rows, kv_heads, capacity, D], contiguous, with
     capacity a multiple of ``BLOCK``; grouped-query heads ``h`` read kv head ``h // (heads /
-    kv_heads)``. Returns [rows, heads, D]. Every block is the row's own (``planned_attention``);
-    only the blocks a row reads are computed."""
+    kv_heads)``. Returns [rows, heads, D]: ``planned_attention`` with every key the row's own."""
     rows, kv_heads, capacity, dim = keys.shape
-    blocks = capacity // BLOCK
-    table = torch.arange(rows * blocks, device=q.device).view(rows, blocks)
-    plan = AttentionPlan.build(table, torch.zeros(rows, dtype=torch.long, device=q.device),
-                               torch.arange(rows, device=q.device), lengths.to(q.device))
-    row, block = plan.o_block // blocks, plan.o_block % blocks
-    own = tuple(x.view(rows, kv_heads, blocks, BLOCK, dim)[row, :, block] for x in (keys, values))
+    device = q.device
+    plan = AttentionPlan.build(torch.zeros(rows, 0, dtype=torch.long, device=device),
+                               torch.zeros(rows, dtype=torch.long, device=device),
+                               torch.arange(rows, device=device), lengths.to(device), capacity)
     none = keys.new_zeros(0, kv_heads, BLOCK, dim)
-    return planned_attention(q, plan, (none, none), own, scale)
+    return planned_attention(q, plan, (none, none), (keys, values), scale)
 
 
 class BlockCache:
@@ -449,139 +444,101 @@ class BlockCache:
 
 
 class PagedCache:
-    """Keys and values of every layer in blocks of ``BLOCK`` positions, which rows may share.
+    """Keys and values of every layer: prompts' full blocks in a shared pool, the rest per row.
 
-    ``k[layer]``, ``v[layer]``: a pool ``[blocks, kv_heads, BLOCK, D]``; ``table`` [rows, J]: row
-    ``r``'s position ``t`` sits in block ``table[r, t // BLOCK]`` at slot ``t % BLOCK`` (-1: none
-    yet). The first ``shared[r]`` blocks of a row are full blocks of its prompt, read-only, and
-    shared by the rows that ``repeat`` made of it; every later block belongs to one row, which
-    writes it (``repeat`` copies a partial last block for each copy of the row). Blocks are
-    zeroed when handed out and return to a free list once no row holds them (``select``)."""
+    ``k[layer]``, ``v[layer]``: the pool, ``[blocks, kv_heads, BLOCK, D]``, holding each prompt's
+    full blocks side by side (``load``); ``table`` [rows, J]: the pool blocks of row ``r``'s first
+    ``shared[r]`` blocks, read-only and shared by the rows ``repeat`` made of it. ``own_k[layer]``,
+    ``own_v[layer]``: ``[rows, kv_heads, capacity, D]``, row ``r``'s keys from position
+    ``shared[r] * BLOCK`` on (the prompt's partial last block, copied for each row, then the
+    decoded positions); unwritten slots stay zero, and the capacity grows one block at a time."""
 
-    def __init__(self, layers: int, kv_heads: int, dim: int, dtype: torch.dtype, device: torch.device):
-        self.k = [torch.zeros(0, kv_heads, BLOCK, dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros_like(k) for k in self.k]
-        self.table = torch.full((0, 0), -1, dtype=torch.long, device=device)
-        self.shared = torch.zeros(0, dtype=torch.long, device=device)
-        self.free: list[int] = []
-        self.held = torch.zeros(0, dtype=torch.bool, device=device)  # handed out, not yet freed
-
-    def allocate(self, count: int) -> torch.Tensor:
-        """Ids of ``count`` zeroed blocks, growing the pools (to twice their size) when needed."""
-        if count > len(self.free):
-            old = self.k[0].shape[0]
-            size = max(old + count - len(self.free), 2 * old, 16)
-            for pools in (self.k, self.v):
-                for layer, pool in enumerate(pools):
-                    grown = pool.new_zeros(size, *pool.shape[1:])
-                    grown[:old] = pool
-                    pools[layer] = grown
-            held = torch.zeros(size, dtype=torch.bool, device=self.held.device)
-            held[:old] = self.held
-            self.held = held
-            self.free.extend(range(old, size))
-        ids, self.free = self.free[:count], self.free[count:]
-        ids = torch.tensor(ids, dtype=torch.long, device=self.table.device)
-        self.held[ids] = True
-        for pool in (*self.k, *self.v):
-            pool[ids] = 0
-        return ids
-
-    def load(self, keys: list[list[torch.Tensor]], values: list[list[torch.Tensor]]) -> None:
+    def __init__(self, keys: list[list[torch.Tensor]], values: list[list[torch.Tensor]]):
         """One row per prompt from its prefill: ``keys[r][layer]`` [kv_heads, length_r, D]."""
+        first = keys[0][0]
+        kv_heads, dim, device = first.shape[0], first.shape[2], first.device
         lengths = [k[0].shape[1] for k in keys]
-        counts = [-(-length // BLOCK) for length in lengths]
         full = [length // BLOCK for length in lengths]
-        ids = self.allocate(sum(counts)).tolist()
-        # every prompt's full (shared) blocks side by side, then the partial last blocks
-        partial = iter(ids[sum(full) :])
         starts = [sum(full[:r]) for r in range(len(lengths))]
-        self.table = torch.full((len(lengths), max(counts)), -1, dtype=torch.long, device=self.table.device)
-        for r, (length, count) in enumerate(zip(lengths, counts)):
-            mine = ids[starts[r] : starts[r] + full[r]] + ([next(partial)] if count > full[r] else [])
-            self.table[r, :count] = torch.tensor(mine, device=self.table.device)
-            for pools, rows in ((self.k, keys[r]), (self.v, values[r])):
-                for pool, source in zip(pools, rows):
-                    padded = source.new_zeros(source.shape[0], count * BLOCK, source.shape[2])
-                    padded[:, :length] = source
-                    pool[mine] = padded.view(source.shape[0], count, BLOCK, -1).transpose(0, 1)
-        self.shared = torch.tensor([length // BLOCK for length in lengths], dtype=torch.long,
-                                   device=self.table.device)
+        capacity = -(-(max(length - f * BLOCK for length, f in zip(lengths, full)) + 1) // BLOCK) * BLOCK
+        self.table = torch.full((len(lengths), max(full)), -1, dtype=torch.long, device=device)
+        for r, (start, count) in enumerate(zip(starts, full)):
+            self.table[r, :count] = torch.arange(start, start + count, device=device)
+        self.shared = torch.tensor(full, dtype=torch.long, device=device)
+        self.k, self.v, self.own_k, self.own_v = [], [], [], []
+        for rows, pools, owns in ((keys, self.k, self.own_k), (values, self.v, self.own_v)):
+            for layer in range(len(rows[0])):
+                pool = first.new_empty(sum(full), kv_heads, BLOCK, dim)
+                own = first.new_zeros(len(lengths), kv_heads, capacity, dim)
+                for r, (start, count) in enumerate(zip(starts, full)):
+                    source = rows[r][layer]
+                    pool[start : start + count] = source[:, : count * BLOCK].reshape(
+                        kv_heads, count, BLOCK, dim).transpose(0, 1)
+                    own[r, :, : lengths[r] - count * BLOCK] = source[:, count * BLOCK :]
+                pools.append(pool)
+                owns.append(own)
 
-    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block ids and slots for writing position ``positions[i]`` of row ``rows[i]``, handing out
-        blocks for positions that have none yet. Refuses a write into a row's shared blocks."""
-        index = positions // BLOCK
-        if bool((index < self.shared[rows]).any()):
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Own-cache index of position ``positions[i]`` of row ``rows[i]``, growing the own caches
+        to hold it. Refuses a write into a row's shared blocks."""
+        index = positions - self.shared[rows] * BLOCK
+        if bool((index < 0).any()):
             raise ValueError("PagedCache: a write into a shared prompt block")
-        need = int(index.max()) + 1
-        if need > self.table.shape[1]:
-            wider = self.table.new_full((self.table.shape[0], need), -1)
-            wider[:, : self.table.shape[1]] = self.table
-            self.table = wider
-        missing = self.table[rows, index] < 0
-        if bool(missing.any()):
-            pairs = torch.unique(torch.stack([rows[missing], index[missing]], dim=1), dim=0)
-            self.table[pairs[:, 0], pairs[:, 1]] = self.allocate(pairs.shape[0])
-        return self.table[rows, index], positions % BLOCK
+        need = -(-(int(index.max()) + 1) // BLOCK) * BLOCK
+        if need > self.own_k[0].shape[2]:
+            for owns in (self.own_k, self.own_v):
+                for layer, own in enumerate(owns):
+                    grown = own.new_zeros(*own.shape[:2], need, own.shape[3])
+                    grown[:, :, : own.shape[2]] = own
+                    owns[layer] = grown
+        return index
 
-    def write(self, layer: int, blocks: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Put ``k``, ``v`` [writes, kv_heads, D] of ``layer`` at the places ``slots`` gave."""
-        self.k[layer][blocks, :, slots] = k
-        self.v[layer][blocks, :, slots] = v
-
-    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``blocks``: [len(blocks), kv_heads, BLOCK, D] each."""
-        return self.k[layer][blocks], self.v[layer][blocks]
+    def write(self, layer: int, rows: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put ``k``, ``v`` [writes, kv_heads, D] of ``layer`` at own-cache ``index`` of ``rows``."""
+        self.own_k[layer][rows, :, index] = k
+        self.own_v[layer][rows, :, index] = v
 
     def shared_kv(self, layer: int, plan: AttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of ``plan``'s shared tiles: a slice of the pools where the tiles are a
-        range of block ids (``load`` puts every prompt's full blocks side by side), else a copy."""
+        """Keys and values of ``plan``'s shared tiles: a slice of the pool where the tiles are a
+        range of blocks, else a copy."""
         if plan.s_range is None:
-            return self.gather(layer, plan.s_blocks)
+            return self.k[layer].index_select(0, plan.s_blocks), self.v[layer].index_select(0, plan.s_blocks)
         start, end = plan.s_range
         return self.k[layer][start:end], self.v[layer][start:end]
 
+    def own_kv(self, layer: int, plan: AttentionPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's own cache (the rows' own, or a copy when a row has several queries)."""
+        if plan.own_rows is None:
+            return self.own_k[layer], self.own_v[layer]
+        return self.own_k[layer].index_select(0, plan.own_rows), self.own_v[layer].index_select(0, plan.own_rows)
+
+    def plan(self, query_rows: torch.Tensor, lengths: torch.Tensor) -> AttentionPlan:
+        return AttentionPlan.build(self.table, self.shared, query_rows, lengths, self.own_k[0].shape[2])
+
     def repeat(self, n: int) -> None:
-        """Each row ``n`` times in a row; the copies share its shared blocks and get their own
-        copies of the rest."""
+        """Each row ``n`` times in a row: the copies share its shared blocks and copy its own cache."""
         self.table = self.table.repeat_interleave(n, dim=0)
         self.shared = self.shared.repeat_interleave(n)
-        if n == 1:
-            return
-        index = torch.arange(self.table.shape[1], device=self.table.device)
-        copies = (self.table >= 0) & (index[None] >= self.shared[:, None])
-        copies[::n] = False  # the first copy keeps the row's own blocks
-        rows, cols = copies.nonzero(as_tuple=True)
-        if rows.numel():
-            source = self.table[rows, cols]
-            fresh = self.allocate(rows.numel())
-            for pool in (*self.k, *self.v):
-                pool[fresh] = pool[source]
-            self.table[rows, cols] = fresh
+        self.own_k = [own.repeat_interleave(n, dim=0) for own in self.own_k]
+        self.own_v = [own.repeat_interleave(n, dim=0) for own in self.own_v]
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep ``rows`` (in that order); blocks no remaining row holds go back to the free list."""
+        """Keep ``rows`` (in that order). The pool stays as it is until the cache goes."""
         self.table, self.shared = self.table[rows], self.shared[rows]
-        kept = self.table[self.table >= 0]
-        still = torch.zeros_like(self.held)
-        still[kept] = True
-        freed = (self.held & ~still).nonzero()[:, 0]
-        self.held = still
-        self.free.extend(freed.tolist())
+        self.own_k = [own.index_select(0, rows) for own in self.own_k]
+        self.own_v = [own.index_select(0, rows) for own in self.own_v]
 
     def row_prefix(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of row ``row``'s first ``length`` keys and values, ``[kv_heads, length, D]`` a layer."""
-        blocks = self.table[row, : -(-length // BLOCK)]
+        blocks = self.table[row, : int(self.shared[row])]
 
-        def flat(pool: torch.Tensor) -> torch.Tensor:
+        def flat(pool: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
             part = pool[blocks]  # [blocks, kv_heads, BLOCK, D]
-            return part.transpose(0, 1).reshape(part.shape[1], -1, part.shape[3])[:, :length].clone()
+            joined = torch.cat([part.transpose(0, 1).reshape(part.shape[1], -1, part.shape[3]), own[row]], dim=1)
+            return joined[:, :length].clone()
 
-        return [flat(k) for k in self.k], [flat(v) for v in self.v]
-
-    def plan(self, query_rows: torch.Tensor, lengths: torch.Tensor) -> AttentionPlan:
-        return AttentionPlan.build(self.table, self.shared, query_rows, lengths)
+        return ([flat(p, o) for p, o in zip(self.k, self.own_k)],
+                [flat(p, o) for p, o in zip(self.v, self.own_v)])
 
 
 @dataclass(frozen=True)
@@ -670,9 +627,7 @@ class InvariantDecoder:
                 self.prompt_hidden.append(alone.hidden[0])
             keys.append([kv.k[0, :, :length] for kv in alone.cache])
             values.append([kv.v[0, :, :length] for kv in alone.cache])
-        first = keys[0][0]
-        self.cache = PagedCache(len(self.layers), first.shape[0], self.head_dim, first.dtype, first.device)
-        self.cache.load(keys, values)
+        self.cache = PagedCache(keys, values)
         return torch.cat(logits)
 
     def _prefill_after(
@@ -718,7 +673,7 @@ class InvariantDecoder:
         cache = self.cache
         query_rows = torch.arange(rows, device=token_ids.device).repeat_interleave(width)
         flat_positions = positions.reshape(-1)
-        blocks, slots = cache.slots(query_rows, flat_positions)
+        slots = cache.slots(query_rows, flat_positions)
         plan = cache.plan(query_rows, flat_positions + 1)
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -731,10 +686,10 @@ class InvariantDecoder:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [rows, heads, T, D]
             k = k.transpose(1, 2).reshape(flat, -1, self.head_dim)  # token (r, t) at r * T + t
-            cache.write(index, blocks, slots, k, v.reshape(flat, -1, self.head_dim))
+            cache.write(index, query_rows, slots, k, v.reshape(flat, -1, self.head_dim))
             q = q.transpose(1, 2).reshape(flat, -1, self.head_dim)
             shared_kv = cache.shared_kv(index, plan)
-            own_kv = cache.gather(index, plan.o_block)
+            own_kv = cache.own_kv(index, plan)
             out = planned_attention(q, plan, shared_kv, own_kv, self.scaling)  # [rows * T, heads, D]
             hidden = hidden + project(pad_rows(out.reshape(flat, -1)), attn.o_proj)[:flat]
             x = layer.post_attention_layernorm(hidden)
