@@ -7,7 +7,8 @@ SmolLM2-135M-Instruct. Two prompt sets: ``chat`` (a bare user request, 30-45 tok
 RL rollout starts). Three sides: LocalEngine as it runs (batch-invariant decoding,
 ``inference.invariant``), LocalEngine's previous fast path (``batch_invariant=False``: shared
 left-padded prefill, ``LeanDecoder`` steps) and transformers ``generate``. Reports tokens/s for
-each, the price of batch invariance (invariant / fast) and the ratio to ``generate``; median of
+each, the price of batch invariance (invariant / fast), the ratio to ``generate`` and the prompt
+positions LocalEngine prefills a call (and saves against prefilling every sample); median of
 repeats, the sides interleaved within each repeat. ``--clock cpu`` times by the process's CPU time
 instead of the wall clock, for one-thread runs on a machine other work shares.
 
@@ -99,6 +100,10 @@ def bench(kind: str, style: str, args: argparse.Namespace, clock=time.perf_count
     result["prompts"] = style
     result["prompt_tokens"] = [len(p) for p in prompts]
     result["tokens_per_run"] = len(prompts) * args.samples * args.new_tokens
+    # prompt positions LocalEngine runs a call (the n samples of a prompt share one prefill and,
+    # in decoding, the prompt's full key/value blocks), against prefilling every sample as generate does
+    result["prefill_tokens"] = engine.stats.prefill_tokens // (args.repeats + 1)
+    result["prefill_tokens_saved"] = args.samples * sum(result["prompt_tokens"]) - result["prefill_tokens"]
     return result
 
 
@@ -123,11 +128,12 @@ def main() -> None:
     results = [bench(kind, style, args, clock) for kind in args.models.split(",")
                for style in args.prompts.split(",")]
     print(f"{'model':<10} {'prompts':<8} {'prompt tokens':>14} {'LocalEngine tok/s':>18} {'fast path tok/s':>16} "
-          f"{'inv/fast':>9} {'generate tok/s':>15} {'ratio':>7}")
+          f"{'inv/fast':>9} {'generate tok/s':>15} {'ratio':>7} {'prefill tokens (saved)':>23}")
     for r in results:
         span = f"{min(r['prompt_tokens'])}-{max(r['prompt_tokens'])}"
         print(f"{r['model']:<10} {r['prompts']:<8} {span:>14} {r['ours']:>18.1f} {r['fast']:>16.1f} "
-              f"{r['invariant_ratio']:>8.2f}x {r['transformers']:>15.1f} {r['ratio']:>6.2f}x")
+              f"{r['invariant_ratio']:>8.2f}x {r['transformers']:>15.1f} {r['ratio']:>6.2f}x "
+              f"{r['prefill_tokens']:>12} ({r['prefill_tokens_saved']})")
     Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "clock": args.clock, "results": results},
                                          indent=2))
 
