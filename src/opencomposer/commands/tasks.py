@@ -140,8 +140,7 @@ def mine_main(args: argparse.Namespace) -> int:
 
         records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
                        config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers, on_done=on_done)
-    table = Table(title=f"{args.repo}: {sum(r.task_id is not None for r in records)} task(s) from "
-                        f"{len(records)} commit(s)")
+    table = Table()
     for column in ("commit", "subject", "task / why not"):
         table.add_column(column)
     for record in records:
@@ -149,6 +148,8 @@ def mine_main(args: argparse.Namespace) -> int:
             else f"[yellow]{record.reason}[/]"
         table.add_row(record.sha[:10], record.subject[:60], outcome)
     Console().print(table)
+    # the count on a line of its own: a table title wraps with the table's width
+    print(f"{args.repo}: {sum(r.task_id is not None for r in records)} task(s) from {len(records)} commit(s)")
     print(f"report: {Path(args.out) / 'mining.json'}")
     return 0
 
