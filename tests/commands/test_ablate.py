@@ -238,6 +238,7 @@ def test_a_grid_runs_reports_skips_finished_runs_and_resumes_a_killed_one(tmp_pa
     assert json.loads((out / "ablation.json").read_text())["cells"] == cells
 
 
+@pytest.mark.slow  # the grid test above runs the runner end to end in make test; this adds the SFT stage
 @pytest.mark.integration
 @pytest.mark.bwrap
 def test_the_sft_prefix_runs_once_per_seed_for_every_cell(tmp_path: Path, capsys):

@@ -87,7 +87,8 @@ def test_a_fresh_run_reuses_its_own_folders_store(tmp_path: Path):
         run._lock.close()
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+# a missing delta in make test; a corrupt one (the same repair, found by its checksum) in the slow set
+@pytest.mark.parametrize("damage", [pytest.param("corrupt", marks=pytest.mark.slow), "missing"])
 def test_a_resume_republishes_its_checkpoints_version_whole(tmp_path: Path, damage: str):
     """Version 1 (a delta, the checkpoint's) damaged after the run: the resume truncates the store
     to the versions before it and republishes version 1 as a full snapshot from the checkpoint, so
