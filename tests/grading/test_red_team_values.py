@@ -580,6 +580,34 @@ class Money:
         return self.cents != 0
 
 
+class Cents:
+    """A domain object equal to the plain number of cents it holds."""
+
+    def __init__(self, cents):
+        self.cents = cents
+
+    def __eq__(self, other):
+        if isinstance(other, Cents):
+            return other.cents == self.cents
+        return isinstance(other, int) and other == self.cents
+
+    __hash__ = None
+
+
+class Version:
+    """A domain object equal to the string it was parsed from, whitespace aside."""
+
+    def __init__(self, text):
+        self.parts = tuple(int(p) for p in text.strip().split("."))
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            return Version(other).parts == self.parts
+        return isinstance(other, Version) and other.parts == self.parts
+
+    __hash__ = None
+
+
 class Colour(enum.Enum):
     RED = "r"
 
@@ -661,6 +689,7 @@ def scale(values, factor):
 LEGIT_TESTS = '''from fractions import Fraction
 from decimal import Decimal
 import math
+import unittest
 
 from solution import *  # noqa: F403
 
@@ -705,6 +734,14 @@ def test_domain_objects():
     assert [add(Money(1), Money(1))] == [Money(2)]
 
 
+def test_domain_objects_equal_to_plain_values():
+    assert Cents(5) == 5 and 5 == Cents(5)
+    assert Cents(5) != 6 and not (Cents(5) == 6)
+    assert Version("1.2") == "1.2" and "1.2.0" != Version("1.2")
+    unittest.TestCase().assertEqual(Cents(3), 3)
+    unittest.TestCase().assertNotEqual(Version("2.0"), "2.1")
+
+
 def test_enums_and_subclasses():
     assert colour("r") == Colour.RED
     assert colour("r") is Colour.RED
@@ -740,7 +777,7 @@ def test_honest_values_of_every_kind_still_resolve(tmp_path: Path):
 
     hidden = {"tests/test_values.py": LEGIT_TESTS}
     names = ["test_dataclass", "test_namedtuple", "test_fraction_and_decimal", "test_bool_where_one_is_expected",
-             "test_domain_objects", "test_enums_and_subclasses", "test_the_solutions_own_introspection"]
+             "test_domain_objects", "test_domain_objects_equal_to_plain_values", "test_enums_and_subclasses", "test_the_solutions_own_introspection"]
     tests = [f"tests/test_values.py::{name}" for name in names]
     if importlib.util.find_spec("numpy") is not None:  # the sandbox runs this interpreter's environment
         hidden["tests/test_numpy.py"] = NUMPY_TESTS

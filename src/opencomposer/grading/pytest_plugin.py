@@ -50,9 +50,12 @@ that process's word for anything it can check:
   the subclass overrides), a weak proxy or a mock (numpy's ``__array_ufunc__`` & co. count as
   comparison methods); untrusted subclasses of builtin types become the builtin value through the base
   type's own methods. Foreign against plain fails the test (``UntrustedValue``, which ``not`` or
-  ``except AssertionError`` cannot turn around), as does the truth of a foreign value with its
-  own ``__bool__``/``__len__``, and arithmetic that turns a foreign operand and a plain one into a
-  plain result; two foreign values, or a plain value's membership in a foreign container, are
+  ``except AssertionError`` cannot turn around), except equality with a plain number or string:
+  the foreign value's own ``__eq__`` is asked, in a drawn order, about that value and one to three
+  decoys near it (``honest_equality``), and a value that calls a decoy equal too fails the test,
+  so a domain object equal to ``0`` passes and one equal to everything does not. The truth of a
+  foreign value with its own ``__bool__``/``__len__`` fails the test too, and so does arithmetic
+  that turns a foreign operand and a plain one into a plain result; two foreign values, or a plain value's membership in a foreign container, are
   computed as the solution's classes say; two plain ones as Python computes them. The
   ``unittest.TestCase`` assert methods check their operands the same way.
 - **introspection**: the audit hook makes it a violation for untrusted code (the caller of
@@ -75,8 +78,8 @@ file name it does not have, through a child process that reads the tests): these
 tampering a policy stumbles on, not every tampering a determined one could write. The value checks
 see only what asserts and the unittest assert methods compare (not a comparison elsewhere in a
 test, nor a conversion such as ``round`` or ``len``), and a legitimate value of the solution's own
-class with its own ``__eq__`` compared with a plain value fails them (docs/harness.md, "Grading
-integrity", lists the limits).
+class with its own ``__eq__`` compared with a plain container, or its own ordering or truth tested
+against a plain value, fails them (docs/harness.md, "Grading integrity", lists the limits).
 """
 
 from __future__ import annotations
@@ -533,6 +536,65 @@ _type_mro = type.__dict__["__mro__"].__get__
 _type_flags = type.__dict__["__flags__"].__get__
 _type_module = type.__dict__["__module__"].__get__
 _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+_urandom = os.urandom  # taken at import, before any code of the solution runs
+EQUALITY = frozenset({"==", "!=", "assertEqual", "assertNotEqual"})
+DECOY_LETTERS, DECOY_DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
+
+
+def _draw(n: int) -> int:
+    """A number in ``range(n)`` from the operating system's random source."""
+    return int.from_bytes(_urandom(4), "little") % n
+
+
+def _decoys(plain: object) -> list[object]:
+    """One to three plain values of ``plain``'s type, near it and different from it, or [] for a
+    type that has none (containers, None): what a value's own ``__eq__`` must not call equal."""
+    cls, count = type(plain), 1 + _draw(3)
+    if cls is bool:
+        return [not plain]
+    if cls is int:
+        return [plain + (1 + _draw(9)) * (1 if _draw(2) else -1) for _ in range(count)]
+    if cls is float:
+        if plain != plain or plain in (float("inf"), float("-inf")):
+            return []
+        return [plain + (1.0 + abs(plain)) * (0.25 + _draw(4) / 4) * (1 if _draw(2) else -1) for _ in range(count)]
+    if cls is str:
+        return [_near(plain) for _ in range(count)]
+    if cls is bytes and plain.isascii():
+        return [_near(plain.decode("ascii")).encode("ascii") for _ in range(count)]
+    return []
+
+
+def _near(text: str) -> str:
+    """``text`` with one letter or digit replaced by another of its kind (a letter keeps its case,
+    so a comparison that ignores case still tells them apart), or with a letter added when it has
+    none: a decoy a parser of such strings still reads."""
+    places = [i for i, c in enumerate(text) if c.isascii() and c.isalnum()]
+    if not places:
+        return text + DECOY_LETTERS[_draw(26)]
+    i = places[_draw(len(places))]
+    kind = DECOY_DIGITS if text[i].isdigit() else DECOY_LETTERS if text[i].islower() else DECOY_LETTERS.upper()
+    options = kind.replace(text[i], "")
+    return text[:i] + options[_draw(len(options))] + text[i + 1:]
+
+
+class _Unequal:
+    """Stands in for a value of the solution's class its own ``__eq__`` found unequal to a plain
+    value, so the assert (or the unittest method) fails as it would have, showing that value."""
+
+    def __init__(self, value: object) -> None:
+        self.shown = _describe(value)
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"<{self.shown}, not equal by its own __eq__>"
 
 
 class UntrustedValue(pytest.fail.Exception):
@@ -546,7 +608,8 @@ class ValueChecks:
     whose comparison, truth or arithmetic methods come from code that is not trusted (the classes
     the solution defines, a weak proxy, a mock); untrusted subclasses of builtin types are turned
     back into the builtin value with the base type's own methods. A comparison or arithmetic
-    operation between a foreign value and one that is not fails the test; between two foreign
+    operation between a foreign value and one that is not fails the test (equality with a plain
+    number or string is asked with decoys, ``honest_equality``); between two foreign
     values (a solution's domain object against one the test built from the solution's class) or
     two trusted ones it is computed as Python computes it."""
 
@@ -685,8 +748,44 @@ class ValueChecks:
             return clean_left, right  # a plain value in one of the solution's containers: the container says
         clean_right, right_foreign = self.clean(right)
         if left_foreign != right_foreign:
+            if what in EQUALITY:  # a domain object equal to a number or a string: asked with decoys
+                foreign, plain = (left, clean_right) if left_foreign else (right, clean_left)
+                equal = self.honest_equality(foreign, plain)
+                if equal is not None:
+                    if equal:
+                        return plain, plain
+                    return (_Unequal(left), plain) if left_foreign else (plain, _Unequal(right))
             self.refuse(f"{_describe(left)} {what} {_describe(right)}")
         return (left, right) if left_foreign else (clean_left, clean_right)
+
+    @staticmethod
+    def honest_equality(foreign: object, plain: object) -> bool | None:
+        """Whether ``foreign`` (a value whose class has its own ``__eq__``) equals the plain number
+        or string ``plain``, by its own ``__eq__``, asked in a drawn order among one to three decoys
+        of ``plain`` (plain values near it): None, and the check fails, when it calls a decoy equal
+        too or answers with something other than a bool. A class that answers "equal" to anything
+        is caught; one that computes its answer from the value it is given is not lying."""
+        decoys = _decoys(plain)
+        if not decoys:
+            return None
+        asked = [plain, *decoys]
+        for i in range(len(asked) - 1, 0, -1):  # Fisher-Yates with the OS's random source
+            j = _draw(i + 1)
+            asked[i], asked[j] = asked[j], asked[i]
+        answers = []
+        for value in asked:
+            try:
+                answer = foreign == value
+            except Exception:
+                if value is plain:
+                    raise  # as the comparison itself would have
+                answer = False  # a parser that refuses a decoy does not call it equal
+            if type(answer) is not bool:
+                return None
+            answers.append((value is plain, answer))
+        if any(answer for is_plain, answer in answers if not is_plain):
+            return None
+        return next(answer for is_plain, answer in answers if is_plain)
 
     def compare(self, symbol: str, left: object, right: object) -> object:
         if symbol in ("is", "is not"):

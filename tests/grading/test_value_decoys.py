@@ -1,0 +1,76 @@
+"""Equality between a value of the solution's class and a plain number or string: the value's own
+``__eq__`` is asked among decoys (``grading.pytest_plugin.ValueChecks.honest_equality``)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import opencomposer
+
+PLUGIN = Path(opencomposer.__file__).parent / "grading" / "pytest_plugin.py"
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    spec = importlib.util.spec_from_file_location("opencomposer_plugin_under_test", PLUGIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Cents:
+    def __init__(self, cents):
+        self.cents = cents
+
+    def __eq__(self, other):
+        return isinstance(other, int) and other == self.cents
+
+
+class AnyInt:
+    def __eq__(self, other):
+        return isinstance(other, int)
+
+
+class ParsesOther:
+    def __eq__(self, other):
+        return tuple(int(p) for p in other.split(".")) == (1, 2)
+
+
+@pytest.mark.parametrize("plain", [0, 7, -3, True, False, 2.5, 0.0, "", "abc", "1.2.0", "ABC def", "  ", b"xy"])
+def test_decoys_are_near_the_value_and_never_equal_to_it(plugin, plain):
+    for _ in range(50):
+        decoys = plugin._decoys(plain)
+        assert 1 <= len(decoys) <= 3 and all(type(d) is type(plain) and d != plain for d in decoys)
+
+
+def test_types_without_decoys(plugin):
+    assert plugin._decoys(None) == plugin._decoys([1]) == plugin._decoys(float("nan")) == []
+
+
+def test_an_honest_domain_object_is_believed_and_a_liar_is_not(plugin):
+    honest = plugin.ValueChecks.honest_equality
+    assert honest(Cents(5), 5) is True and honest(Cents(5), 6) is False
+    assert all(honest(AnyInt(), n) is None for n in range(20))  # equal to a decoy too: the check fails
+    assert honest(ParsesOther(), "1.2") is True  # decoys it cannot parse count as unequal
+    with pytest.raises(AttributeError):  # the comparison itself raises as it would have
+        honest(ParsesOther(), 12)
+    assert honest(Cents(5), [5]) is None  # no decoys for a container: the check fails as before
+
+
+def test_the_order_of_the_questions_is_drawn(plugin):
+    seen = []
+
+    class Recorder:
+        def __eq__(self, other):
+            seen.append(other)
+            return False
+
+    orders = set()
+    for _ in range(40):
+        seen.clear()
+        plugin.ValueChecks.honest_equality(Recorder(), 50)
+        orders.add(seen.index(50))
+    assert len(orders) > 1  # the real question is not always in the same place
