@@ -51,7 +51,7 @@ that process's word for anything it can check:
   comparison methods); untrusted subclasses of builtin types become the builtin value through the base
   type's own methods. Foreign against plain fails the test (``UntrustedValue``, which ``not`` or
   ``except AssertionError`` cannot turn around), except equality with a plain number or string:
-  the foreign value's own ``__eq__`` is asked, in a drawn order, about that value and one to three
+  the foreign value's own ``__eq__`` is asked, in a drawn order, about that value and eight to fifteen
   decoys near it (``honest_equality``), and a value that calls a decoy equal too fails the test,
   so a domain object equal to ``0`` passes and one equal to everything does not. The truth of a
   foreign value with its own ``__bool__``/``__len__`` fails the test too, and so does arithmetic
@@ -547,13 +547,14 @@ def _draw(n: int) -> int:
 
 
 def _decoys(plain: object) -> list[object]:
-    """One to three plain values of ``plain``'s type, near it and different from it, or [] for a
-    type that has none (containers, None): what a value's own ``__eq__`` must not call equal."""
-    cls, count = type(plain), 1 + _draw(3)
-    if cls is bool:
-        return [not plain]
+    """Eight to fifteen plain values of ``plain``'s type, near it and different from it, or [] for
+    a type that has none (containers, None, and bool, whose one other value would let a value
+    that remembers what it was asked pick out the odd one): what a value's own ``__eq__`` must not
+    call equal. A value that calls equal whatever it was asked about at some position wins with
+    probability 1/(decoys + 1) per assert."""
+    cls, count = type(plain), 8 + _draw(8)
     if cls is int:
-        return [plain + (1 + _draw(9)) * (1 if _draw(2) else -1) for _ in range(count)]
+        return [plain + (1 + _draw(4 * count)) * (1 if _draw(2) else -1) for _ in range(count)]
     if cls is float:
         if plain != plain or plain in (float("inf"), float("-inf")):
             return []
@@ -761,7 +762,7 @@ class ValueChecks:
     @staticmethod
     def honest_equality(foreign: object, plain: object) -> bool | None:
         """Whether ``foreign`` (a value whose class has its own ``__eq__``) equals the plain number
-        or string ``plain``, by its own ``__eq__``, asked in a drawn order among one to three decoys
+        or string ``plain``, by its own ``__eq__``, asked in a drawn order among eight to fifteen decoys
         of ``plain`` (plain values near it): None, and the check fails, when it calls a decoy equal
         too or answers with something other than a bool. A class that answers "equal" to anything
         is caught; one that computes its answer from the value it is given is not lying."""
