@@ -764,7 +764,7 @@ class ValueChecks:
         """Whether ``foreign`` (a value whose class has its own ``__eq__``) equals the plain number
         or string ``plain``, by its own ``__eq__``, asked in a drawn order among eight to fifteen decoys
         of ``plain`` (plain values near it): None, and the check fails, when it calls a decoy equal
-        too or answers with something other than a bool. A class that answers "equal" to anything
+        too (as well as the value itself) or answers with something other than a bool. A class that answers "equal" to anything
         is caught; one that computes its answer from the value it is given is not lying."""
         decoys = _decoys(plain)
         if not decoys:
@@ -784,9 +784,10 @@ class ValueChecks:
             if type(answer) is not bool:
                 return None
             answers.append((value is plain, answer))
-        if any(answer for is_plain, answer in answers if not is_plain):
-            return None
-        return next(answer for is_plain, answer in answers if is_plain)
+        equal = next(answer for is_plain, answer in answers if is_plain)
+        if equal and any(answer for is_plain, answer in answers if not is_plain):
+            return None  # equal to the value and to a decoy: its answer says nothing
+        return equal  # a value equal to a decoy only is simply another value (``Version("2.0") != "2.1"``)
 
     def compare(self, symbol: str, left: object, right: object) -> object:
         if symbol in ("is", "is not"):
