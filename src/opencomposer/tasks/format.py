@@ -215,9 +215,40 @@ def resolve_base(value: Any, folder: Path, toml_path: Path | None = None) -> Pat
             raise TaskFormatError(where, "repo.base", f"{value!r} is not a built-in project; known: {known}")
         return base
     base = folder / value
+    if value.endswith(BASE_ARCHIVE) and base.is_file():
+        return unpack_base(base)
     if not base.is_dir():
-        raise TaskFormatError(where, "repo.base", f"{value!r} is not a folder (looked at {base.resolve()})")
+        raise TaskFormatError(where, "repo.base", f"{value!r} is not a folder or a {BASE_ARCHIVE} archive "
+                                                  f"(looked at {base.resolve()})")
     return base
+
+
+BASE_ARCHIVE = ".tar.xz"
+
+
+def unpack_base(archive: Path) -> Path:
+    """A ``[repo] base`` stored as an xz tarball of a repository snapshot (many tasks mined from one
+    repository share it; docs/realbench.md), unpacked once into ``cache_dir()/task-bases/<hash of
+    the archive>``; the same rename-into-place and lock as ``materialize_repo``. Only regular files
+    and folders are taken from the archive, never links or paths outside it."""
+    import tarfile
+
+    data = Path(archive).read_bytes()
+    root = cache_dir() / "task-bases"
+    final = root / hashlib.sha256(data).hexdigest()[:32]
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not final.is_dir():
+            def unpack(tmp: Path) -> None:
+                with tarfile.open(archive, "r:xz") as tar:
+                    tar.extractall(tmp, members=[m for m in tar.getmembers() if m.isfile() or m.isdir()],
+                                   filter="data")
+
+            atomic_directory(final, unpack)
+    return final
 
 
 def materialize_repo(base: Path, setup_patch: str) -> Path:
