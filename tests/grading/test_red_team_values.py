@@ -220,6 +220,21 @@ def separate_paren_groups(paren_string):
 ''')
 
 
+def object_equal_to_every_list(task: Task) -> str:
+    """Not a list at all: a domain object whose ``__eq__`` calls any list of strings equal (asked
+    among decoys of the expected list, which it calls equal too)."""
+    return solution(task, '''class _Groups:
+    def __eq__(self, other):
+        return isinstance(other, list) and all(isinstance(item, str) for item in other)
+
+    __hash__ = None
+
+
+def separate_paren_groups(paren_string):
+    return _Groups()
+''')
+
+
 def user_list_that_casts_the_other_side_to_itself(task: Task) -> str:
     """A subclass of a trusted Python class (``UserList``) whose own comparison calls back into a
     method the subclass overrides."""
@@ -433,6 +448,7 @@ LYING_VALUES = [
     (list_that_becomes_what_it_is_compared_with, 1),
     (caller_frame_read_through_a_signal_handler, 0),  # the handler is called without the frame
     (user_list_that_casts_the_other_side_to_itself, 1),
+    (object_equal_to_every_list, 1),
 ]
 if importlib.util.find_spec("numpy") is not None:  # the sandbox runs this interpreter's environment
     LYING_VALUES.append((numpy_array_that_answers_every_ufunc, 13))
@@ -742,6 +758,14 @@ def test_domain_objects_equal_to_plain_values():
     unittest.TestCase().assertNotEqual(Version("2.0"), "2.1")
 
 
+def test_domain_objects_equal_to_plain_containers():
+    assert [Cents(1), Cents(2)] == [1, 2] and (Cents(1), Cents(2)) != (1, 3)
+    assert {"latest": Version("1.10")} == {"latest": "1.10"}
+    assert Version("1.2") != ["1.2"]
+    unittest.TestCase().assertListEqual([Cents(3)], [3])
+    unittest.TestCase().assertDictEqual({"a": Cents(0)}, {"a": 0})
+
+
 def test_enums_and_subclasses():
     assert colour("r") == Colour.RED
     assert colour("r") is Colour.RED
@@ -777,7 +801,8 @@ def test_honest_values_of_every_kind_still_resolve(tmp_path: Path):
 
     hidden = {"tests/test_values.py": LEGIT_TESTS}
     names = ["test_dataclass", "test_namedtuple", "test_fraction_and_decimal", "test_bool_where_one_is_expected",
-             "test_domain_objects", "test_domain_objects_equal_to_plain_values", "test_enums_and_subclasses", "test_the_solutions_own_introspection"]
+             "test_domain_objects", "test_domain_objects_equal_to_plain_values",
+             "test_domain_objects_equal_to_plain_containers", "test_enums_and_subclasses", "test_the_solutions_own_introspection"]
     tests = [f"tests/test_values.py::{name}" for name in names]
     if importlib.util.find_spec("numpy") is not None:  # the sandbox runs this interpreter's environment
         hidden["tests/test_numpy.py"] = NUMPY_TESTS

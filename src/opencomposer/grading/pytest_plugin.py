@@ -50,10 +50,12 @@ that process's word for anything it can check:
   the subclass overrides), a weak proxy or a mock (numpy's ``__array_ufunc__`` & co. count as
   comparison methods); untrusted subclasses of builtin types become the builtin value through the base
   type's own methods. Foreign against plain fails the test (``UntrustedValue``, which ``not`` or
-  ``except AssertionError`` cannot turn around), except equality with a plain number or string:
-  the foreign value's own ``__eq__`` is asked, in a drawn order, about that value and eight to fifteen
-  decoys near it (``honest_equality``), and a value that calls a decoy equal too fails the test,
-  so a domain object equal to ``0`` passes and one equal to everything does not. The truth of a
+  ``except AssertionError`` cannot turn around), except equality with a plain number, string,
+  bytes or builtin container: the foreign value's own ``__eq__`` is asked, in a drawn order, about
+  that value and sixteen to thirty-one distinct decoys near it (``honest_equality``; a container's
+  decoys have one item changed, dropped or added), and a value that calls a decoy equal too fails
+  the test, so a domain object equal to ``0`` or to ``(1, 2)`` passes and one equal to everything
+  does not. The truth of a
   foreign value with its own ``__bool__``/``__len__`` fails the test too, and so does arithmetic
   that turns a foreign operand and a plain one into a plain result; two foreign values, or a plain value's membership in a foreign container, are
   computed as the solution's classes say; two plain ones as Python computes them. The
@@ -78,8 +80,10 @@ file name it does not have, through a child process that reads the tests): these
 tampering a policy stumbles on, not every tampering a determined one could write. The value checks
 see only what asserts and the unittest assert methods compare (not a comparison elsewhere in a
 test, nor a conversion such as ``round`` or ``len``), and a legitimate value of the solution's own
-class with its own ``__eq__`` compared with a plain container, or its own ordering or truth tested
-against a plain value, fails them (docs/harness.md, "Grading integrity", lists the limits).
+class whose own ordering or truth is tested against a plain value fails them: an ordering cannot be
+asked with decoys, since a class that answers as if it stood below everything satisfies any one-sided
+check (a tolerance check after the class's own ``__abs__``, say) and is indistinguishable from a value
+that does (docs/harness.md, "Grading integrity", lists the limits).
 """
 
 from __future__ import annotations
@@ -537,7 +541,9 @@ _type_flags = type.__dict__["__flags__"].__get__
 _type_module = type.__dict__["__module__"].__get__
 _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 _urandom = os.urandom  # taken at import, before any code of the solution runs
-EQUALITY = frozenset({"==", "!=", "assertEqual", "assertNotEqual"})
+EQUALITY = frozenset({"==", "!=", "assertEqual", "assertNotEqual", "assertListEqual", "assertTupleEqual",
+                      "assertDictEqual", "assertSetEqual", "assertSequenceEqual", "assertMultiLineEqual"})
+DECOYS_AT_LEAST = 16
 DECOY_LETTERS, DECOY_DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
 
 
@@ -547,23 +553,91 @@ def _draw(n: int) -> int:
 
 
 def _decoys(plain: object) -> list[object]:
-    """Eight to fifteen plain values of ``plain``'s type, near it and different from it, or [] for
-    a type that has none (containers, None, and bool, whose one other value would let a value
-    that remembers what it was asked pick out the odd one): what a value's own ``__eq__`` must not
-    call equal. A value that calls equal whatever it was asked about at some position wins with
-    probability 1/(decoys + 1) per assert."""
-    cls, count = type(plain), 8 + _draw(8)
+    """Sixteen to thirty-one distinct plain values of ``plain``'s type, near it and different from
+    it (fewer where there are not that many), or [] for a value that has none (None, NaN, and bool,
+    whose one other value would let a value that remembers what it was asked pick out the odd
+    one): what a value's own ``__eq__`` must not call equal. A container's decoys have one item
+    replaced by one of its own decoys, one item (or key) dropped, or one added. A value that
+    calls equal whatever it was asked about at some position wins with probability
+    1/(decoys + 1) per assert."""
+    make = _decoy_maker(plain)
+    if make is None:
+        return []
+    count, decoys = DECOYS_AT_LEAST + _draw(DECOYS_AT_LEAST), []
+    for _ in range(8 * count):
+        decoy = make()
+        if decoy != plain and all(type(decoy) is not type(other) or decoy != other for other in decoys):
+            decoys.append(decoy)
+            if len(decoys) == count:
+                break
+    return decoys
+
+
+def _decoy_maker(plain: object):
+    """A function that makes one random near value of ``plain`` (see ``_decoys``), or None."""
+    cls = type(plain)
+    sign = lambda: 1 if _draw(2) else -1  # noqa: E731
     if cls is int:
-        return [plain + (1 + _draw(4 * count)) * (1 if _draw(2) else -1) for _ in range(count)]
+        return lambda: plain + (1 + _draw(64)) * sign()
     if cls is float:
         if plain != plain or plain in (float("inf"), float("-inf")):
-            return []
-        return [plain + (1.0 + abs(plain)) * (0.25 + _draw(4) / 4) * (1 if _draw(2) else -1) for _ in range(count)]
+            return None
+        return lambda: plain + (1.0 + abs(plain)) * (0.25 + _draw(16) / 8) * sign()
     if cls is str:
-        return [_near(plain) for _ in range(count)]
+        return lambda: _near(plain)
     if cls is bytes and plain.isascii():
-        return [_near(plain.decode("ascii")).encode("ascii") for _ in range(count)]
-    return []
+        return lambda: _near(plain.decode("ascii")).encode("ascii")
+    if cls in (list, tuple):
+        return lambda: cls(_changed_items(list(plain)))
+    if cls in (set, frozenset):
+        return lambda: cls(_changed_set(set(plain)))
+    if cls is dict:
+        return lambda: _changed_dict(dict(plain))
+    return None
+
+
+def _near_item(items: list) -> object:
+    """A plain value near one of ``items`` (a random small int for items that have none)."""
+    makers = [maker for maker in map(_decoy_maker, items) if maker is not None]
+    return makers[_draw(len(makers))]() if makers else _draw(64)
+
+
+def _changed_items(items: list) -> list:
+    replaceable = [i for i, item in enumerate(items) if _decoy_maker(item) is not None]
+    move = _draw(4)
+    if replaceable and move < 2:  # most often: one item replaced, which the items' own __eq__ is asked about
+        i = replaceable[_draw(len(replaceable))]
+        items[i] = _decoy_maker(items[i])()
+    elif items and move == 2:
+        del items[_draw(len(items))]
+    else:
+        items.insert(_draw(len(items) + 1), _near_item(items))
+    return items
+
+
+def _changed_set(items: set) -> set:
+    if items and _draw(2):
+        items.discard(list(items)[_draw(len(items))])
+        return items
+    added = _near_item(list(items))
+    if isinstance(added, (list, dict, set)):
+        added = _draw(64)
+    items.add(added)
+    return items
+
+
+def _changed_dict(items: dict) -> dict:
+    keys, move = list(items), _draw(4)
+    replaceable = [key for key in keys if _decoy_maker(items[key]) is not None]
+    if replaceable and move < 2:
+        key = replaceable[_draw(len(replaceable))]
+        items[key] = _decoy_maker(items[key])()
+    elif keys and move == 2:
+        del items[keys[_draw(len(keys))]]
+    else:
+        key = _near_item([key for key in keys if isinstance(key, (int, str, bytes))])
+        items[key] = _near_item(list(items.values()))
+    return items
 
 
 def _near(text: str) -> str:
@@ -761,9 +835,10 @@ class ValueChecks:
 
     @staticmethod
     def honest_equality(foreign: object, plain: object) -> bool | None:
-        """Whether ``foreign`` (a value whose class has its own ``__eq__``) equals the plain number
-        or string ``plain``, by its own ``__eq__``, asked in a drawn order among eight to fifteen decoys
-        of ``plain`` (plain values near it): None, and the check fails, when it calls a decoy equal
+        """Whether ``foreign`` (a value whose class has its own ``__eq__``, or a container holding
+        such values) equals the plain number, string, bytes or container ``plain``, by its own
+        ``__eq__``, asked in a drawn order among sixteen to thirty-one decoys of ``plain`` (plain
+        values near it): None, and the check fails, when it calls a decoy equal
         too (as well as the value itself) or answers with something other than a bool. A class that answers "equal" to anything
         is caught; one that computes its answer from the value it is given is not lying."""
         decoys = _decoys(plain)
