@@ -154,13 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_args(i, paths=MODEL_PATHS)
     i.set_defaults(handler="opencomposer.commands.models:info_main")
 
-    p = sub.add_parser("eval", help="run a policy over a task suite and score it")
+    p = sub.add_parser("eval", help="run policies over a task suite and score them on every axis")
     _add_recipe_args(p, paths={"eval.suite": "input", "eval.out_dir": "output_dir", **RUN_DIR})
     _add_recipe_flag(p, "--suite", "eval.suite", "folder of task folders (docs/task-format.md)",
                      metavar="DIR")
-    _add_recipe_flag(p, "--policy", "eval.policy", "oracle | noop | local | local:CHECKPOINT | openai:MODEL",
-                     metavar="POLICY")
-    _add_recipe_flag(p, "--passes", "eval.passes", "episodes per task", type=int)
+    _add_recipe_flag(p, "--policy", "eval.policies", "oracle | noop | local | local:CHECKPOINT | openai:MODEL; "
+                     "repeat it to compare policies on the same tasks and seeds", metavar="POLICY",
+                     action=_RecipeListFlag)
+    _add_recipe_flag(p, "--samples", "eval.passes", "episodes per task and policy (pass@1, best-of-K)", type=int,
+                     metavar="K")
+    _add_recipe_flag(p, "--passes", "eval.passes", "the older name of --samples", type=int)
+    _add_recipe_flag(p, "--price", "eval.prices", "$ per million tokens, input=X,output=Y[,cached=Z]: one per "
+                     "--policy in order, or one for all", metavar="PRICE", action=_RecipeListFlag)
+    _add_recipe_flag(p, "--after", "eval.after", "only tasks dated on or after this day (metadata.date)",
+                     metavar="YYYY-MM-DD")
     _add_recipe_flag(p, "--workers", "eval.workers", "episodes run in parallel", type=int)
     _add_recipe_flag(p, "--limit", "eval.limit", "run only the first N tasks", type=int)
     _add_recipe_flag(p, "--out", "eval.out_dir", "output folder (default {run.out_dir}/{run.name}/eval)",

@@ -34,12 +34,12 @@ def test_oracle_resolves_every_fixture_and_noop_none(tmp_path: Path):
     assert oracle.summary["resolved_ci95"] == pytest.approx(list(wilson_interval(1.0, 3)))
     lines = (tmp_path / "oracle" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 6 and json.loads(lines[0])["diff"]
-    episode_dir = tmp_path / "oracle" / "episodes" / "fix-add" / "pass-1"
+    episode_dir = tmp_path / "oracle" / "episodes" / "oracle" / "fix-add" / "pass-1"
     assert json.loads((episode_dir / "reward.json").read_text())["resolved"] == 1.0
     trajectory = json.loads((episode_dir / "trajectory.json").read_text())
     assert [m["role"] for m in trajectory["segments"][0]["messages"]] == ["system", "user", "assistant", "tool",
                                                                          "assistant"]
-    assert json.loads((tmp_path / "oracle" / "summary.json").read_text())["policy"] == "oracle"
+    assert json.loads((tmp_path / "oracle" / "summary.json").read_text())["policies"]["oracle"]["policy"] == "oracle"
 
 
 @pytest.mark.bwrap

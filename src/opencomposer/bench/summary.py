@@ -11,6 +11,13 @@ The hack monitor's rate (``hack_suspected_rate``: episodes whose diff ``grading.
 flagged, resolved or not) stands beside ``tampered_rate``; it is a signal. ``hack_flagged`` lists the
 flagged episodes (task, pass, reasons); their diffs are in ``results.jsonl`` (``diff``).
 
+**Axes** (``summary["axes"]``, issue 37 §2): each measure of ``AXES`` (correctness, quality,
+behaviour, cost, latency) as its mean over tasks of each task's mean over samples, with a 95%
+interval over tasks: Wilson's for the two rates of resolution (pass@1, the unbiased estimate from K
+samples, and best-of-K, the share of tasks with at least one resolved sample), a t-interval of the
+task means for the rest (``bench.ablation.interval``; none with one task). An episode without a
+value (no rubric, no edit) is left out of that measure, and a task without any of them too.
+
 Why episodes ended is reported beside the scores: the count per end reason (``types.EndReason``:
 submitted, format errors, each budget, infra error) and the format errors per turn over all scored
 turns. A model that does not speak the tool protocol shows there at once (every episode "format
@@ -24,10 +31,27 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
+from opencomposer.bench.ablation import interval
 from opencomposer.types import EndReason, Grade
 
 TOKEN_KINDS = ("prompt", "thinking", "tool_call", "tool_output", "final_message", "summary")
 MODEL_KINDS = ("thinking", "tool_call", "final_message", "summary")  # what the model wrote in its turns
+
+
+AXES: dict[str, tuple[tuple[str, str], ...]] = {  # axis -> ((measure, label), ...), in the report's order
+    "correctness": (("resolved", "pass@1"), ("best_of_k", "best-of-K"), ("fail_to_pass", "FAIL_TO_PASS passed"),
+                    ("pass_to_pass", "PASS_TO_PASS passed")),
+    "quality": (("lint_added", "lint findings added"), ("rubric_ok", "rubric holds (tasks with one)"),
+                ("hack_suspected", "hack suspected (monitor)")),
+    "behaviour": (("turns", "turns"), ("tool_calls", "tool calls"), ("broken_tool_calls", "broken tool calls"),
+                  ("todo_added", "TODOs left")),
+    "cost": (("prompt_tokens", "prompt tokens"), ("completion_tokens", "completion tokens"),
+             ("cached_tokens", "cached prompt tokens"), ("dollars", "dollars / episode")),
+    "latency": (("wall_s", "wall s"), ("first_edit_s", "s to the first edit")),
+}
+RATES = ("resolved", "best_of_k")  # proportions of tasks: Wilson's interval
+FRACTIONS = ("fail_to_pass", "pass_to_pass", "rubric_ok", "hack_suspected")  # their t-intervals are cut to [0, 1]
+SIGNED = ("lint_added",)  # may be below 0; every other measure's interval is cut at 0
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -113,7 +137,58 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     # every model token the episode cost: its turns (summaries included) and any compaction call's output
     summary["model_tokens"] = _mean([sum(r.get("tokens", {}).get(k, 0) for k in MODEL_KINDS)
                                      + r.get("compaction_tokens", 0.0) for r in scored])
+    summary["samples"] = max(Counter(r["task_id"] for r in rows).values(), default=0)
+    summary["axes"] = axes(rows)
+    summary["pass_at_1"] = summary["resolved"]
+    best = summary["axes"]["best_of_k"]
+    summary["best_of_k"] = best["mean"] or 0.0
+    summary["best_of_k_ci95"] = [best["low"] if best["low"] is not None else 0.0,
+                                 best["high"] if best["high"] is not None else 1.0]
+    summary["dollars_total"] = sum(value for r in rows if (value := episode_value(r, "dollars")) is not None)
     return summary
+
+
+def episode_value(row: dict[str, Any], measure: str) -> float | None:
+    """One episode's value of an ``AXES`` measure (None: the episode has none, e.g. no rubric).
+    Rows written before a measure was recorded fall back on what they hold."""
+    if measure == "rubric_ok":
+        return None if row.get("rubric") is None else float(row["rubric"])
+    if measure == "broken_tool_calls" and measure not in row:
+        return float(row.get("rejected_tool_calls", 0.0) + row.get("format_errors", 0.0))
+    if measure == "dollars" and measure not in row:
+        return float(row.get("cost", 0.0))
+    value = row.get(measure, None if measure == "first_edit_s" else 0.0)
+    return None if value is None else float(value)
+
+
+def axes(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every ``AXES`` measure over the scored ``rows`` of one policy: ``{"mean", "low", "high",
+    "tasks"}`` (``low``/``high`` None where there is no interval), as the module doc says."""
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row["status"] != "infra_error":
+            by_task[row["task_id"]].append(row)
+    out: dict[str, dict[str, Any]] = {}
+    for measure, _ in (item for items in AXES.values() for item in items):
+        if measure == "best_of_k":
+            task_values = [max(float(r["resolved"]) for r in task_rows) for task_rows in by_task.values()]
+        else:
+            per_task = [[v for r in task_rows if (v := episode_value(r, measure)) is not None]
+                        for task_rows in by_task.values()]
+            task_values = [_mean(values) for values in per_task if values]
+        if not task_values:
+            out[measure] = {"mean": None, "low": None, "high": None, "tasks": 0}
+            continue
+        if measure in RATES:
+            mean = _mean(task_values)
+            low, high = wilson_interval(mean, len(task_values))
+        else:
+            found = interval(task_values)
+            mean, low, high = found.mean, found.low, found.high
+            if low is not None and measure not in SIGNED:
+                low, high = max(low, 0.0), min(high, 1.0) if measure in FRACTIONS else high
+        out[measure] = {"mean": mean, "low": low, "high": high, "tasks": len(task_values)}
+    return out
 
 
 def _ended_by(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -154,6 +229,15 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
          f"{summary['wall_s_p50']:.2f} / {summary['wall_s_p90']:.2f} ({summary['grading_s']:.2f})"),
         ("cost total / per episode", f"{summary['cost_total']:.4f} / {summary['cost_per_episode']:.4f}"),
     ]
+    if "axes" in summary:  # summaries written before the axes lack them
+        first_edit = summary["axes"]["first_edit_s"]["mean"]
+        lines[3:3] = [("pass@1 / best-of-K", f"{summary['pass_at_1']:.3f} / {summary['best_of_k']:.3f} "
+                                             f"(K = {summary['samples']})")]
+        lines += [("dollars total / per episode",
+                   f"{summary['dollars_total']:.4f} / {summary['axes']['dollars']['mean'] or 0.0:.4f}"),
+                  ("broken tool calls / s to the first edit",
+                   f"{summary['axes']['broken_tool_calls']['mean'] or 0.0:.2f} / "
+                   + ("-" if first_edit is None else f"{first_edit:.2f}"))]
     if summary.get("summaries"):
         lines.append(("segments / summaries / summary tokens",
                       f"{summary['segments']:.2f} / {summary['summaries']:.2f} / {summary['summary_tokens']:.0f}"))
@@ -165,4 +249,36 @@ def summary_table(summary: dict[str, Any], title: str = "evaluation") -> Any:
     if summary.get("format_errors_per_turn", 0.0) >= 0.5:
         table.caption = ("most turns did not parse as tool calls: the model does not speak the tool protocol "
                          "(docs/harness.md); see episodes/*/trajectory.json")
+    return table
+
+
+def axis_cell(stat: dict[str, Any]) -> str:
+    """One measure of ``axes`` as text: the mean and its 95% interval, ``-`` without a value."""
+    if stat["mean"] is None:
+        return "-"
+    digits = 4 if abs(stat["mean"]) < 0.1 and stat["mean"] else 3 if abs(stat["mean"]) < 10 else 1
+    text = f"{stat['mean']:.{digits}f}"
+    return text if stat["low"] is None else f"{text} [{stat['low']:.{digits}f}, {stat['high']:.{digits}f}]"
+
+
+def axes_rows(summaries: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The per-axis comparison of several policies: header (axis, measure, one column per policy)
+    and one row per measure of ``AXES``, each cell the mean with its 95% interval."""
+    header = ["axis", "measure", *summaries]
+    rows = [[axis, label, *(axis_cell(summary["axes"][measure]) for summary in summaries.values())]
+            for axis, measures in AXES.items() for measure, label in measures]
+    return header, rows
+
+
+def comparison_table(summaries: dict[str, dict[str, Any]], title: str = "policies compared") -> Any:
+    """A rich Table of ``axes_rows``."""
+    from rich.table import Table
+
+    header, rows = axes_rows(summaries)
+    table = Table(title=title, show_header=True)
+    for index, name in enumerate(header):
+        table.add_column(name, justify="left" if index < 2 else "right")
+    for row in rows:
+        table.add_row(*row)
+    table.caption = "mean over tasks of each task's mean over samples [95% interval over tasks]"
     return table

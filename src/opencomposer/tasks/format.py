@@ -16,6 +16,7 @@ grading (``grading.grade``).
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import fcntl
 import hashlib
@@ -327,7 +328,23 @@ def _check_metadata(metadata: Any, file: Path) -> dict[str, Any]:
     for key, choices in METADATA_CHOICES.items():
         if key in metadata and metadata[key] not in choices:
             raise TaskFormatError(file, f"metadata.{key}", f"{metadata[key]!r} is not one of {', '.join(choices)}")
-    return dict(metadata)
+    metadata = dict(metadata)
+    if "date" in metadata:
+        metadata["date"] = _check_date(metadata["date"], file)
+    return metadata
+
+
+def _check_date(value: Any, file: Path) -> str:
+    """``metadata.date``, when the task's change was made (``eval --after`` leaves out older tasks),
+    as an ISO ``YYYY-MM-DD`` string; TOML's own date literal is accepted too."""
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        try:
+            return datetime.date.fromisoformat(value).isoformat()
+        except ValueError:
+            pass
+    raise TaskFormatError(file, "metadata.date", f"{value!r} is not a date; expected YYYY-MM-DD, e.g. 2025-06-01")
 
 
 def _check_budgets(table: Any, file: Path) -> Budgets:
