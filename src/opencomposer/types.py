@@ -500,6 +500,7 @@ class Context:
     seed: int = 0  # per-episode seed for sampling
     summary: bool = False  # the loop asks for a summary (agent.context_policy): the last message is the request
     summaries: int = 0  # summary turns earlier in this episode (turn_index counts them too)
+    tools: list[dict[str, Any]] | None = None  # the enabled tools' schemas (agent.tools); None: the default set
 
 
 @dataclass

@@ -94,8 +94,8 @@ class AgentLoop:
         self.config = config or AgentConfig()
         self.seed = seed
         self.summarizer = summarizer if summarizer is not None else context_summarizer(self.config.context_policy)
-        self.toolbox = Toolbox(sandbox)
-        self.tools = tool_schemas()
+        self.toolbox = Toolbox(sandbox, config=self.config)
+        self.tools = tool_schemas(self.config.tools)
         self.tokenizer = getattr(policy, "tokenizer", None)
         self.episode = Episode(task_id=task.id, sample_index=sample_index)
         self.transcript: TokenTranscript | None = None
@@ -213,7 +213,8 @@ class AgentLoop:
         started = time.monotonic()
         output = self.policy.act(Context(task=self.task, messages=messages, token_ids=token_ids,
                                          turn_index=len(self.episode.turns), max_new_tokens=room, seed=self.seed,
-                                         summary=True, summaries=len(self.episode.turns) - self.work_turns()))
+                                         summary=True, summaries=len(self.episode.turns) - self.work_turns(),
+                                         tools=self.tools))
         self.charge(time.monotonic() - started, waited=output.wait_s)
         self.cost += output.cost
         return output
@@ -228,6 +229,7 @@ class AgentLoop:
             seed=self.seed,
             summary=summary,
             summaries=len(self.episode.turns) - self.work_turns(),
+            tools=self.tools,
         )
 
     # ------------------------------------------------------------------------------------------

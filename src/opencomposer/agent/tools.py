@@ -2,7 +2,10 @@
 
 Every tool acts on one ``Sandbox``. File tools run on the host but only through
 ``Sandbox.resolve`` (paths stay inside the workspace: no ``..``, no symlink out, regular files
-only); ``grep`` and ``run`` execute inside the jail. Arguments are checked strictly (unknown,
+only); ``grep`` and ``run`` execute inside the jail. ``codebase_search`` (ranked retrieval,
+``agent.search``) and ``find_files`` (glob) walk the workspace from the host without following or
+listing symbolic links. ``agent.tools`` chooses which tools an episode has (``DEFAULT_TOOLS``
+unless a recipe says otherwise); the prompt lists exactly those, and a call of another is refused. Arguments are checked strictly (unknown,
 missing or mistyped arguments are refused) and every refusal is a ``ToolError`` whose message
 tells the model what to change; the loop sends it back as the tool's result.
 
@@ -14,10 +17,24 @@ from __future__ import annotations
 import os
 import shlex
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opencomposer.agent.errors import Submitted
+from opencomposer.agent.search import (
+    CodeIndex,
+    Embedder,
+    GlobError,
+    glob_match,
+    glob_parts,
+    literal_prefix,
+    openai_embedder,
+    snippet,
+    tokenize,
+    walk_files,
+)
+from opencomposer.config.agent import DEFAULT_TOOLS, AgentConfig
 from opencomposer.sandbox.patch import IGNORED_NAMES
 from opencomposer.sandbox.workspace import PathOutsideWorkspace, Sandbox
 from opencomposer.types import ToolCall
@@ -28,6 +45,11 @@ READ_MAX_LINE_CHARS = 2000
 EDIT_MAX_BYTES = 8 << 20
 GREP_MAX_MATCHES = 200
 GREP_MAX_LINE_CHARS = 300
+SEARCH_DEFAULT_RESULTS = 10
+SEARCH_MAX_RESULTS = 50
+SEARCH_MAX_QUERY_CHARS = 2000
+SEARCH_SNIPPET_LINES = 4
+FIND_MAX_RESULTS = 200
 
 
 class ToolError(Exception):
@@ -124,19 +146,45 @@ TOOLS: tuple[ToolSpec, ...] = (
         "End the task. Call it once the work is done (or cannot be done), with a short message for the user.",
         (Param("message", str, "What you did, or your answer."),),
     ),
+    ToolSpec(
+        "codebase_search",
+        "Search the workspace's code and text by meaning and words: returns the best-matching functions, "
+        "classes and passages, each with its path, line range, symbol and first lines. Use it to find where "
+        "something is implemented; use grep for an exact text.",
+        (
+            Param("query", str, "What you are looking for, in words or identifiers (e.g. 'parse config file')."),
+            Param("limit", int, f"How many results (default {SEARCH_DEFAULT_RESULTS}, at most {SEARCH_MAX_RESULTS}).",
+                  required=False),
+            Param("glob", str, "Only search files whose path matches this glob (e.g. 'src/**/*.py').", required=False),
+        ),
+    ),
+    ToolSpec(
+        "find_files",
+        "List the workspace's files whose path matches a glob, sorted. '*' matches within one folder name, "
+        "'**' any number of folders: '**/*.py', 'src/**/test_*.py'.",
+        (Param("pattern", str, "Glob, relative to the workspace root."),),
+    ),
 )
 TOOL_NAMES = tuple(spec.name for spec in TOOLS)
 
 
-def tool_schemas() -> list[dict[str, Any]]:
-    return [spec.schema() for spec in TOOLS]
+def tool_schemas(names: Sequence[str] = DEFAULT_TOOLS) -> list[dict[str, Any]]:
+    """The schemas of the tools ``names`` (``agent.tools``), in ``TOOLS`` order."""
+    unknown = sorted(set(names) - set(TOOL_NAMES))
+    if unknown:
+        raise ValueError(f"unknown tool {unknown[0]!r}; the tools are: {', '.join(TOOL_NAMES)}")
+    return [spec.schema() for spec in TOOLS if spec.name in names]
 
 
-def check_arguments(call: ToolCall) -> dict[str, Any]:
-    """Validate a call against its spec; returns the arguments or raises ``ToolError``."""
+def check_arguments(call: ToolCall, enabled: Sequence[str] = DEFAULT_TOOLS) -> dict[str, Any]:
+    """Validate a call against its spec; returns the arguments or raises ``ToolError``. A tool
+    not in ``enabled`` (``agent.tools``) is refused like an unknown one, naming the enabled tools."""
     spec = next((s for s in TOOLS if s.name == call.name), None)
+    shown = ", ".join(name for name in TOOL_NAMES if name in enabled)
     if spec is None:
-        raise ToolError(f"unknown tool {call.name!r}; the tools are: {', '.join(TOOL_NAMES)}")
+        raise ToolError(f"unknown tool {call.name!r}; the tools are: {shown}")
+    if spec.name not in enabled:
+        raise ToolError(f"tool {call.name!r} is not enabled in this environment; the tools are: {shown}")
     if not isinstance(call.arguments, dict):
         raise ToolError(f"{call.name}: arguments must be a JSON object, got {type(call.arguments).__name__}")
     params = {p.name: p for p in spec.params}
@@ -165,15 +213,27 @@ def check_arguments(call: ToolCall) -> dict[str, Any]:
 
 
 class Toolbox:
-    """Runs tool calls against one sandbox. ``default_timeout_s`` applies to ``run`` without one."""
+    """Runs tool calls against one sandbox. ``default_timeout_s`` applies to ``run`` without one;
+    ``config`` gives the enabled tools (``agent.tools``) and the search ranker (``agent.search``);
+    ``embedder`` replaces the ranker's embeddings endpoint (a local model, a test's fake)."""
 
-    def __init__(self, sandbox: Sandbox, default_timeout_s: float | None = None):
+    def __init__(self, sandbox: Sandbox, default_timeout_s: float | None = None, *,
+                 config: AgentConfig | None = None, embedder: Embedder | None = None):
         self.sandbox = sandbox
         self.default_timeout_s = default_timeout_s or sandbox.config.timeout_s
+        self.config = config or AgentConfig()
+        self.tools = tuple(self.config.tools)
+        search = self.config.search
+        if embedder is None and search.ranker != "bm25":
+            embedder = openai_embedder(search.base_url or self.config.http.base_url,
+                                       search.embeddings.removeprefix("openai:"),
+                                       os.environ.get(search.api_key_env), search.request_timeout_s)
+        self.embedder = embedder
+        self._index: CodeIndex | None = None  # built by the first codebase_search, refreshed by each
 
     def execute(self, call: ToolCall) -> str:
         """The tool's result text; raises ``ToolError`` (shown to the model) or ``Submitted``."""
-        args = check_arguments(call)
+        args = check_arguments(call, self.tools)
         try:
             return getattr(self, f"_{call.name}")(**args)
         except PathOutsideWorkspace as e:
@@ -328,6 +388,79 @@ class Toolbox:
         self._write_text(path, content)
         verb = "Overwrote" if existed else "Created"
         return f"{verb} {path} ({len(content.splitlines())} lines)."
+
+    # --- search ------------------------------------------------------------------------------
+
+    def _glob(self, tool: str, pattern: str) -> list[str]:
+        """The pattern's segments, an absolute pattern under the workdir taken as relative."""
+        if pattern.startswith(self.sandbox.workdir + "/"):
+            pattern = pattern[len(self.sandbox.workdir) + 1:]
+        try:
+            return glob_parts(pattern)
+        except GlobError as e:
+            raise ToolError(f"{tool}: {e}") from None
+
+    def _find_files(self, pattern: str) -> str:
+        parts = self._glob("find_files", pattern)
+        prefix = "/".join(literal_prefix(parts)) or "."
+        root = self.sandbox.resolve(".")
+        start = self.sandbox.resolve(prefix)
+        if start != root.joinpath(prefix):  # a link on the way: its real path differs
+            raise ToolError(f"find_files: {prefix!r} is a symbolic link; find_files does not follow links "
+                            "(list_dir shows where it points)")
+        files, truncated = walk_files(root, start) if start.is_dir() else ([], False)
+        matches = [f.rel for f in files if glob_match(parts, f.rel.split("/"))]
+        if not matches:
+            hint = ""
+            if len(parts) == 1 and parts[0] != "**":
+                hint = f"; a pattern without '/' matches the root folder only: try '**/{pattern}'"
+            return f"no files match {pattern!r}{hint}"
+        shown = matches[:FIND_MAX_RESULTS]
+        if len(matches) > FIND_MAX_RESULTS:
+            shown.append(f"[{len(matches)} files match; the first {FIND_MAX_RESULTS} are shown: narrow the pattern]")
+        if truncated:
+            shown.append("[the workspace is too large to walk whole; give a pattern that starts with a folder]")
+        return "\n".join(shown)
+
+    def _codebase_search(self, query: str, limit: int = SEARCH_DEFAULT_RESULTS, glob: str | None = None) -> str:
+        if not query.strip():
+            raise ToolError("codebase_search: `query` must not be empty; describe what you are looking for")
+        if len(query) > SEARCH_MAX_QUERY_CHARS:
+            raise ToolError(f"codebase_search: `query` is {len(query)} characters; keep it under "
+                            f"{SEARCH_MAX_QUERY_CHARS} (a few words or identifiers)")
+        if not 1 <= limit <= SEARCH_MAX_RESULTS:
+            raise ToolError(f"codebase_search: limit must be between 1 and {SEARCH_MAX_RESULTS}, got {limit}")
+        only = self._glob("codebase_search", glob) if glob is not None else None
+        words = set(tokenize(query))
+        ranker = self.config.search.ranker
+        if not words and ranker == "bm25":
+            raise ToolError(f"codebase_search: {query!r} has no words to search for (only very common words or "
+                            "punctuation); name identifiers or topics")
+        if self._index is None:
+            self._index = CodeIndex(self.sandbox.resolve("."), self.embedder)
+        notes = []
+        try:
+            hits = self._index.search(query, limit, only, ranker)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            if ranker == "bm25":
+                raise
+            notes.append(f"[the embeddings endpoint failed ({type(e).__name__}: {e}); ranked by words alone]")
+            hits = self._index.search(query, limit, only, "bm25") if words else []
+        out = []
+        for hit in hits:
+            chunk = hit.chunk
+            head = f"{chunk.path}:{chunk.start}-{chunk.end}" + (f" {chunk.symbol}" if chunk.symbol else "")
+            lines = snippet(chunk, words, SEARCH_SNIPPET_LINES, GREP_MAX_LINE_CHARS)
+            out.append("\n".join([head] + [f"{number:6d}\t{line}" for number, line in lines]))
+        if not out:
+            where = f" in files matching {glob!r}" if glob is not None else ""
+            out.append(f"no results for {query!r}{where}; try other words, or grep for an exact text")
+        if self._index.skipped:
+            notes.append(f"[{len(self._index.skipped)} file(s) over 1 MiB are not searched, e.g. "
+                         f"{self._index.skipped[0]}; use grep]")
+        if self._index.truncated:
+            notes.append("[the workspace is too large to index whole; some files are not searched]")
+        return "\n\n".join(out + notes)
 
     # --- commands ----------------------------------------------------------------------------
 

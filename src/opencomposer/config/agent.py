@@ -1,5 +1,5 @@
-"""The agent and the policies that drive it: ``[agent]``, ``[agent.http]``, ``[sampling]``
-(``opencomposer.agent``)."""
+"""The agent and the policies that drive it: ``[agent]``, ``[agent.http]``, ``[agent.search]``,
+``[sampling]`` (``opencomposer.agent``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ CONTEXT_POLICIES: tuple[str, ...] = ("off", "self_summary", "compaction", "trunc
 POLICY_NAMES = ("oracle", "noop", "local", "openai")
 """The names a policy spec (``NAME`` or ``NAME:ARGUMENT``) may start with: the keys of
 ``opencomposer.agent.policy.POLICIES`` (a test keeps the two equal)."""
+
+TOOL_NAMES = ("read_file", "list_dir", "grep", "edit", "write_file", "run", "finish", "codebase_search", "find_files")
+"""The tools ``agent.tools`` may list: those of ``opencomposer.agent.tools.TOOLS``, in that order (a
+test keeps the two equal)."""
+DEFAULT_TOOLS = ("read_file", "list_dir", "grep", "edit", "write_file", "run", "finish")
+"""The tool set every episode had before ``codebase_search`` and ``find_files``: the prompts, the
+walkthroughs, the SFT demonstrations and the trained checkpoints all assume it, so the two search
+tools are opt-in (docs/harness.md, "Tools")."""
+SEARCH_RANKERS = ("bm25", "embeddings", "hybrid")
 
 
 @dataclass
@@ -85,6 +94,40 @@ class HttpPolicyConfig(Section):
 
 
 @dataclass
+class SearchConfig(Section):
+    """How the ``codebase_search`` tool ranks the workspace's chunks (``opencomposer.agent.search``)."""
+
+    section = "agent.search"
+
+    ranker: Literal["bm25", "embeddings", "hybrid"] = "bm25"
+    """``bm25``: lexical, code-aware words (no endpoint needed); ``embeddings``: cosine similarity
+    of ``embeddings``' vectors; ``hybrid``: both, by reciprocal-rank fusion."""
+    embeddings: str = ""
+    """``openai:MODEL``: an OpenAI-compatible ``/embeddings`` endpoint at ``base_url`` (a hosted model,
+    or a local one behind a vLLM, SGLang or llama.cpp server). Required by the two embedding rankers."""
+    base_url: str = ""
+    """Root of the embeddings endpoint (``/embeddings`` is appended); empty takes ``agent.http.base_url``."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the embeddings endpoint's key; may be unset for local servers."""
+    request_timeout_s: float = 60.0
+
+    def validate(self) -> None:
+        if self.ranker not in SEARCH_RANKERS:
+            raise ConfigError(f"agent.search.ranker: {self.ranker!r} is not one of {', '.join(SEARCH_RANKERS)}")
+        if self.embeddings and not (self.embeddings.startswith("openai:") and self.embeddings[len("openai:"):]):
+            raise ConfigError(f"agent.search.embeddings: expected 'openai:MODEL', got {self.embeddings!r}")
+        if self.ranker != "bm25" and not self.embeddings:
+            raise ConfigError(f'agent.search.ranker = "{self.ranker}" needs agent.search.embeddings = "openai:MODEL"')
+        if self.ranker == "bm25" and self.embeddings:
+            raise ConfigError('agent.search.embeddings does nothing with agent.search.ranker = "bm25"; '
+                              'set the ranker to "embeddings" or "hybrid"')
+        if self.base_url and not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"agent.search.base_url: {self.base_url!r} is not an http(s) URL")
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"agent.search.request_timeout_s: must be > 0, got {self.request_timeout_s}")
+
+
+@dataclass
 class AgentConfig(Section):
     """The agent loop (``opencomposer.agent.loop``); per-task budgets come from each task."""
 
@@ -112,9 +155,24 @@ class AgentConfig(Section):
     """New tokens the compaction baseline's summary may take (its prompt asks for a thorough one)."""
     max_summaries: int = 8
     """Summaries (or compactions, truncations) one episode may make; after that the window ends it."""
+    tools: list[str] = field(default_factory=lambda: list(DEFAULT_TOOLS))
+    """The tools the model is given, listed in its prompt in this order; a call of any other is
+    refused. Add ``"codebase_search"`` (ranked search over files and symbols, ``[agent.search]``) and
+    ``"find_files"`` (glob) to the default set to give them; ``finish`` is required."""
     http: HttpPolicyConfig = field(default_factory=HttpPolicyConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     def validate(self) -> None:
+        unknown = [name for name in self.tools if name not in TOOL_NAMES]
+        if unknown:
+            raise ConfigError(f"agent.tools: unknown tool {unknown[0]!r}; the tools are: {', '.join(TOOL_NAMES)}")
+        if len(set(self.tools)) != len(self.tools):
+            raise ConfigError(f"agent.tools: each tool may be listed once, got {self.tools}")
+        if "finish" not in self.tools:
+            raise ConfigError(f"agent.tools: must include 'finish' (the only way an episode ends), got {self.tools}")
+        if self.search.ranker != "bm25" and "codebase_search" not in self.tools:
+            raise ConfigError(f'agent.search.ranker = "{self.search.ranker}" does nothing without "codebase_search" '
+                              "in agent.tools")
         if self.max_observation_chars < 200:
             raise ConfigError(
                 f"agent.max_observation_chars: must be at least 200, got {self.max_observation_chars}"

@@ -82,7 +82,7 @@ class OpenAIPolicy:
         self.token_cap_key = "max_completion_tokens"  # "max_tokens" once a server refused it
 
     def act(self, context: Context) -> PolicyOutput:
-        tools = tool_schemas()
+        tools = context.tools if context.tools is not None else tool_schemas()
         messages = context.messages if self.config.native_tools else text_protocol_messages(context.messages, tools)
         body: dict[str, Any] = {
             "model": self.model,
