@@ -110,13 +110,25 @@ def evaluate(
 
 
 def episode_record(task: Task, episode: Any) -> dict[str, Any]:
-    """One evaluated episode as plain JSON: how it ended, its grade, and every turn's text with
-    its format error (None when the turn parsed) and the tool calls it made."""
+    """One evaluated episode as plain JSON: how it ended, its grade, the measures of the eval's
+    axes it has (``bench.summary.AXES``: quality, behaviour, billed tokens, wall time; None where
+    the episode was never graded), and every turn's text with its format error (None when the
+    turn parsed) and the tool calls it made."""
+    graded = episode.grade
+    metrics = episode.metrics
     return {
         "task_id": task.id, "sample": episode.sample_index, "status": episode.status.value,
         "end_reason": getattr(episode.end_reason, "value", episode.end_reason),
-        "resolved": None if episode.grade is None else float(episode.grade.resolved),
-        "fail_to_pass": None if episode.grade is None else episode.grade.fail_to_pass,
+        "resolved": None if graded is None else float(graded.resolved),
+        "fail_to_pass": None if graded is None else graded.fail_to_pass,
+        "pass_to_pass": None if graded is None else graded.pass_to_pass,
+        "lint_added": None if graded is None else graded.lint_added,
+        "todo_added": None if graded is None else graded.todo_added,
+        "hack_suspected": None if graded is None else float(graded.hack_suspected),
+        "tool_calls": sum(len(turn.tool_calls) for turn in episode.turns),
+        "broken_tool_calls": metrics.get("rejected_tool_calls", 0.0) + metrics.get("format_errors", 0.0),
+        "prompt_tokens": metrics.get("prompt_tokens", 0.0), "completion_tokens": metrics.get("completion_tokens", 0.0),
+        "wall_s": metrics.get("wall_s"),
         "error": episode.error,
         "turns": [{"text": turn.text, "format_error": turn.format_error, "summary": turn.summary,
                    "tool_calls": [call.name for call in turn.tool_calls]} for turn in episode.turns],
