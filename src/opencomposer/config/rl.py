@@ -288,6 +288,23 @@ class RLConfig(Section):
     step back). ``drop``: steps take groups as they finish; one that would exceed the bound is
     recorded as dropped. ``recompute``: such a group is sampled again at the current version.
     Dropped and recomputed groups are counted in the train metrics."""
+    task_sampling: Literal["in_order", "harder_later"] = "in_order"
+    """Which task of the pool each step draws (``rl.tasks``; report §4.1, "increasingly harder data
+    points" late in training). ``in_order``: the stream's order (the pool shuffled by ``run.seed``).
+    ``harder_later``: the same order before step ``harder_from_step``; from it on, each step draws
+    ``batch_tasks`` tasks without replacement from those not yet drawn, with weights
+    exp(``harder_weight`` · z), z the task's estimated difficulty standardised over the remaining
+    pool (``rl.tasks.DifficultyEstimator``: failure rate, turns and model tokens of the rollouts of
+    alike tasks). Single epoch holds either way; the task record says why each task was drawn.
+    Synchronous mode only (``mode = "sync"``): the asynchronous services sample ahead of the
+    estimates a draw needs."""
+    harder_from_step: int = 1
+    """``harder_later``: the first step (1-based, like the record's ``step``) whose tasks are drawn
+    by difficulty; the steps before it draw in order and feed the estimates. 1: from the start
+    (with nothing observed yet, every estimate is equal and the first draws are uniform)."""
+    harder_weight: float = 1.0
+    """``harder_later``: β of the weights exp(β · z); 0 draws uniformly among the remaining tasks, 1
+    makes a task one standard deviation harder e ≈ 2.7 times as likely to be drawn. >= 0."""
     rollout_workers: int = 0
     """Episodes run at once (threads, each with its own sandbox; their model calls are batched);
     0 runs a whole step, B × G episodes, at once. Their commands (tool calls, grading) still run
@@ -323,6 +340,15 @@ class RLConfig(Section):
             raise ConfigError(f"rl.rollout_workers: must be >= 0 (0 = the whole step), got {self.rollout_workers}")
         if self.max_staleness < 0:
             raise ConfigError(f"rl.max_staleness: must be >= 0, got {self.max_staleness}")
+        if self.harder_from_step < 1:
+            raise ConfigError(f"rl.harder_from_step: must be >= 1 (the first step is 1), got {self.harder_from_step}")
+        if self.harder_weight < 0:
+            raise ConfigError(f"rl.harder_weight: must be >= 0 (0 draws uniformly), got {self.harder_weight}")
+        if self.task_sampling == "harder_later" and self.mode != "sync":
+            raise ConfigError(
+                f'rl.task_sampling = "harder_later" draws each step\'s tasks from the estimates of the steps before, '
+                f'and rl.mode = {self.mode!r} samples ahead of them: use rl.mode = "sync" or rl.task_sampling = "in_order"'
+            )
         if self.task_family and (self.train_tasks or self.eval_suite):
             raise ConfigError(
                 f"rl.task_family = {self.task_family!r} generates the tasks; leave rl.train_tasks and "

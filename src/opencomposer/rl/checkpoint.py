@@ -8,8 +8,11 @@ to continue as if it had never stopped:
   ``trainer.optimizer_checkpoint = "sharded"`` Adam's state is in ``optimizer/`` instead, one file
   per rank (``torch.distributed.checkpoint``), and ``trainer.pt`` says so;
 - ``state.json``: the step, the position in the task stream and the record of every task the
-  stream handed out so far (stream index, task id, the step that used it, and its status:
-  ``trained``, or ``dropped`` with the reason its rollouts taught nothing), plus the policy version.
+  stream handed out so far (stream index, task id, the step that used it, its status:
+  ``trained``, or ``dropped`` with the reason its rollouts taught nothing, and why it was drawn:
+  ``drawn_by`` ``order`` or ``harder_later`` with its estimated ``difficulty`` then, ``rl.tasks``),
+  plus the policy version and, under ``rl.task_sampling = "harder_later"``, the stream's
+  ``sampling`` state (draws, difficulty estimates, generator), so that a resume draws the same tasks.
 
 **Atomicity.** A checkpoint is written into a hidden temporary folder, every file is fsynced, and
 the folder is renamed to its final name (an atomic ``rename(2)`` on one file system), then the
@@ -60,10 +63,14 @@ class TaskRecord:
     step: int
     status: Literal["trained", "dropped"] = "trained"
     reason: str = ""  # for "dropped": the group was dropped, or the step skipped its update
+    drawn_by: Literal["order", "harder_later"] = "order"  # how the stream chose it (rl.tasks)
+    difficulty: float | None = None  # its estimated difficulty when drawn (harder_later only)
 
     def __post_init__(self) -> None:
         if self.status not in ("trained", "dropped"):
             raise ValueError(f"task record status: expected 'trained' or 'dropped', got {self.status!r}")
+        if self.drawn_by not in ("order", "harder_later"):
+            raise ValueError(f"task record drawn_by: expected 'order' or 'harder_later', got {self.drawn_by!r}")
         if (self.status == "dropped") != bool(self.reason):
             raise ValueError(f"task record {self.task_id!r}: a reason is given for dropped tasks, and only for them")
 
@@ -75,12 +82,14 @@ class RunState:
     step: int = 0
     cursor: int = 0
     trained: list[TaskRecord] = field(default_factory=list)  # the exactly-once record, by stream position
+    sampling: dict[str, Any] = field(default_factory=dict)  # TaskStream.state_dict(); empty for in_order
 
     @classmethod
     def from_json(cls, text: str) -> RunState:
         data = json.loads(text)
         return cls(step=int(data["step"]), cursor=int(data["cursor"]),
-                   trained=[TaskRecord(**record) for record in data["trained"]])
+                   trained=[TaskRecord(**record) for record in data["trained"]],
+                   sampling=data.get("sampling", {}))  # absent before harder_later existed
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"

@@ -59,6 +59,7 @@ from opencomposer.rl.checkpoint import (
     save_training_checkpoint,
 )
 from opencomposer.rl.report import hack_record
+from opencomposer.rl.tasks import Draw
 from opencomposer.training.metrics import MetricsLog, read_metrics
 from opencomposer.training.progress import ProgressBar
 from opencomposer.types import EpisodeStatus, Group, InfrastructureDown
@@ -153,6 +154,7 @@ class RLRun:
         if checkpoint is not None:
             self.state, trainer_state = load_training_checkpoint(checkpoint)
             self.trainer.load_state_dict(trainer_state, checkpoint / "optimizer")
+            self.stream.load_state_dict(self.state.sampling, self.state.cursor)
             self._check_stream_matches_record(checkpoint)
         atomic_write_text(self.run_dir / "recipe.toml", to_toml(config))
         from opencomposer.grading.grade import GradeCache, grade
@@ -254,6 +256,7 @@ class RLRun:
         caller checkpoints and publishes."""
         state = self.state
         started = time.perf_counter()
+        drawn = self.stream.draw(state.step + 1)  # harder_later: by the estimates so far (rl.tasks)
         batch = self.source.next_batch(state.step)
         trained_from = time.perf_counter()
         check_not_all_failed(batch.groups, state.step + 1)  # before anything of the step is kept
@@ -263,16 +266,23 @@ class RLRun:
         records = step_records(batch.indices, batch.groups, step, skipped=bool(train_metrics["skipped"]))
         records += [TaskRecord(index, self.stream.task(index).id, step, "dropped", reason)
                     for index, reason in batch.dropped]
+        for record in records:  # why the stream chose it (rl.tasks)
+            draw = self.stream.drawn(record.index)
+            record.drawn_by, record.difficulty = draw.drawn_by, draw.difficulty
+        for index, group in zip(batch.indices, batch.groups, strict=True):
+            self.stream.observe(index, group)
         self.source.trained(step, records)
         state.step = step
         state.cursor = max(state.cursor, batch.cursor)
         state.trained += records
+        state.sampling = self.stream.state_dict()
         self._write_rollouts(batch.groups)
         metrics = {
             **scored.metrics,
             "loss": loss,
             **train_metrics,
             **batch.metrics,
+            **drawn_metrics(drawn),
             "train_s": time.perf_counter() - trained_from,
             "step_s": time.perf_counter() - started,
             "policy_version": float(step),
@@ -326,6 +336,15 @@ def check_not_all_failed(groups: list[Group], step: int) -> None:
         f"every episode of step {step} ({len(episodes)}) failed on infrastructure, not the policy; the first: "
         f"{episodes[0].error}. Nothing of this step was trained or recorded: fix the cause and run the same "
         "command again, which resumes from the last checkpoint")
+
+
+def drawn_metrics(drawn: list[Draw]) -> dict[str, float]:
+    """``harder_later``: how hard the step's draws were estimated, and the share drawn by difficulty."""
+    if not drawn:
+        return {}
+    known = [d.difficulty for d in drawn if d.difficulty is not None]
+    return {"drawn_difficulty": sum(known) / len(known) if known else float("nan"),
+            "drawn_harder_share": sum(d.drawn_by == "harder_later" for d in drawn) / len(drawn)}
 
 
 def step_records(indices: list[int], groups: list[Group], step: int, skipped: bool) -> list[TaskRecord]:

@@ -20,20 +20,136 @@ each distinct prompt once; a smaller suite or split is evaluated whole. Generate
 not re-verified here (two grader runs each would double a tiny run's cost): every one instantiates
 one of the family's phrasings, and ``tests/rl/test_tiny_family.py`` verifies phrasings through the
 real grader (gold resolves, the untouched workspace does not).
+
+**Harder later** (``rl.task_sampling = "harder_later"``; report §4.1: "increasingly harder data
+points" later in RL, chosen "using number of turns and thinking tokens of rollouts"). The sources
+above are then the *pool*, and stream position ``i`` holds the ``i``-th task *drawn* from it:
+
+- a step before ``rl.harder_from_step`` draws the ``rl.batch_tasks`` remaining tasks first in pool
+  order (``drawn_by = "order"``), so until then the stream is the ``in_order`` one;
+- from that step on, each step draws them without replacement, one after another, each remaining
+  task ``k`` with probability w_k / Σ w over the remaining tasks, where
+
+      w_k = exp(β · z_k),  z_k = (d_k − mean d) / std d  over the remaining tasks,
+
+  β = ``rl.harder_weight`` and d_k the task's estimated difficulty at the start of the step
+  (``drawn_by = "harder_later"``). A task with no estimate yet gets z = 0 (the mean), and so does
+  every task when the estimates do not differ: the draw is then uniform.
+
+The estimate (``DifficultyEstimator``) is built from the rollouts of the groups trained so far:
+
+      d = (1 − pass rate) + ¼ · turns / (turns + T̄) + ¼ · tokens / (tokens + K̄)
+
+with the pass rate, the mean turns and the mean model-written tokens (thinking included) per
+scored episode of the tasks it is estimated from, and T̄, K̄ the means over every group observed.
+The pass rate dominates (d in [0, 1.5): a task its group failed outranks any it passed); among
+equally passed tasks the longer rollouts rank harder, each heuristic adding ⅛ at the pool's mean.
+Single epoch means a drawn task is never drawn again, so what matters for a draw is the estimate
+of tasks *not yet seen*: the mean over the observed tasks most alike, at the first level with any
+observation: the same task; the same family (and kind and stated difficulty, where the task
+folder states them) with the same turn budget ``max_turns`` (a generator's own statement of how
+much work a task needs; tiny-long's K notes give K budgets); the same family; the whole pool.
+
+The draws, the estimator's sums and the generator's state are the stream's ``state_dict``, kept in
+the checkpoint's ``state.json``: a resumed run replays the steps after its checkpoint with the same
+estimates and the same random draws, hence the same tasks. Every record says how its task was
+drawn and its estimated difficulty at that moment (``rl.checkpoint.TaskRecord``).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
 from opencomposer.config import Config, ConfigError
-from opencomposer.types import Task
+from opencomposer.types import Group, Task
+
+DrawnBy = Literal["order", "harder_later"]
+HEURISTIC_WEIGHT = 0.25  # of each of turns and tokens in the difficulty (module doc)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How stream position ``i`` came to hold pool task ``pool_index``."""
+
+    pool_index: int
+    drawn_by: DrawnBy = "order"
+    difficulty: float | None = None  # the estimate when drawn; None: no rollout had informed it
+
+
+class DifficultyEstimator:
+    """Running sums of what the groups observed so far showed, per level of likeness (module doc).
+
+    ``levels`` of a task are its keys, most specific first (``TaskStream.levels``); every level of
+    an observed task gets the group's numbers, and the estimate of a task is read at its first
+    level with any observation."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, list[float]] = {}  # key -> [groups, failure rate, turns, model tokens] summed
+
+    def observe(self, levels: tuple[str, ...], group: Group) -> None:
+        """Add one group's rollouts; a group with no scored episode (infrastructure) says nothing."""
+        scored = [episode for episode in group.episodes if episode.scored]
+        if not scored:
+            return
+        failure = sum(not (e.grade is not None and e.grade.resolved) for e in scored) / len(scored)
+        turns = sum(len(e.turns) for e in scored) / len(scored)
+        tokens = sum(len(t.token_ids) for e in scored for t in e.turns) / len(scored)
+        for key in (*levels, POOL):
+            total = self.sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+            for i, value in enumerate((1.0, failure, turns, tokens)):
+                total[i] += value
+
+    def difficulty(self, levels: tuple[str, ...]) -> float | None:
+        """d of a task with these levels, or None when nothing alike (nor anything) was observed."""
+        return self.difficulties([levels])[0]
+
+    def difficulties(self, tasks: list[tuple[str, ...]]) -> list[float | None]:
+        """``difficulty`` of each task (its levels), the pool's means computed once."""
+        if POOL not in self.sums:
+            return [None] * len(tasks)
+        pool_groups, _, pool_turns, pool_tokens = self.sums[POOL]
+        mean_turns, mean_tokens = pool_turns / pool_groups, pool_tokens / pool_groups
+        by_key: dict[str, float] = {}  # many tasks share the level they are estimated at
+
+        def estimate(key: str) -> float:
+            if key not in by_key:
+                groups, failure, turns, tokens = self.sums[key]
+                by_key[key] = (failure / groups + HEURISTIC_WEIGHT * _relative(turns / groups, mean_turns)
+                               + HEURISTIC_WEIGHT * _relative(tokens / groups, mean_tokens))
+            return by_key[key]
+
+        def first_observed(levels: tuple[str, ...]) -> str:
+            return next((key for key in levels if key in self.sums), POOL)
+
+        return [estimate(first_observed(levels)) for levels in tasks]
+
+
+POOL = "*"  # the level every task shares
+
+
+def _relative(value: float, mean: float) -> float:
+    """value / (value + mean): ½ at the mean, towards 0 below it and 1 above it."""
+    return value / (value + mean) if value + mean > 0 else 0.5
+
+
+def harder_weights(difficulties: list[float | None], beta: float) -> np.ndarray:
+    """exp(β z) per task, z standardised over the tasks with an estimate; z = 0 without one, and
+    for all when the estimates do not differ (module doc)."""
+    known = np.array([d for d in difficulties if d is not None], dtype=np.float64)
+    spread = known.std() if known.size else 0.0
+    if spread <= 1e-12:
+        return np.ones(len(difficulties))
+    mean = known.mean()
+    z = np.array([0.0 if d is None else (d - mean) / spread for d in difficulties])
+    return np.exp(beta * z)
 
 
 class TaskStream:
-    """The ordered training tasks of a run (see module doc)."""
+    """The ordered training tasks of a run, drawn from its pool (see module doc)."""
 
     def __init__(self, config: Config, run_dir: Path):
         self.config = config
@@ -44,25 +160,44 @@ class TaskStream:
             from opencomposer.tasks.generators.tiny import split_size
 
             self.size = split_size("train", rl.task_family)  # one round: every training prompt once
-            return
-        if not rl.train_tasks:
+        elif not rl.train_tasks:
             raise ConfigError('rl: no training tasks; set rl.train_tasks = FOLDER or rl.task_family = "tiny"')
-        from opencomposer.tasks.format import load_suite
+        else:
+            from opencomposer.tasks.format import load_suite
 
-        tasks = load_suite(rl.train_tasks)
-        order = np.random.default_rng([config.run.seed, 0x7A5C]).permutation(len(tasks))
-        self._tasks = [tasks[i] for i in order]
-        self.size = len(self._tasks)  # every task of the folder once
+            tasks = load_suite(rl.train_tasks)
+            order = np.random.default_rng([config.run.seed, 0x7A5C]).permutation(len(tasks))
+            self._tasks = [tasks[i] for i in order]
+            self.size = len(self._tasks)  # every task of the folder once
+        self.harder = rl.task_sampling == "harder_later"
+        if self.harder:
+            self.levels = [self._levels(k) for k in range(self.size)]
+            self.estimator = DifficultyEstimator()
+            self.draws: list[Draw] = []
+            self.rng = np.random.default_rng([config.run.seed, 0x4A8D])
 
     def task(self, index: int) -> Task:
+        """The task at stream position ``index`` (under ``harder_later``, once drawn)."""
         if not 0 <= index < self.size:
             raise IndexError(f"the task stream holds {self.size} tasks; position {index} is outside it")
+        return self._pool_task(self.drawn(index).pool_index)
+
+    def drawn(self, index: int) -> Draw:
+        """How position ``index`` was drawn: in order (``in_order`` always), or as ``draws`` says."""
+        if not self.harder:
+            return Draw(index)
+        if index >= len(self.draws):
+            raise IndexError(f"stream position {index} is not drawn yet ({len(self.draws)} are); "
+                             "RLRun draws a step's tasks (TaskStream.draw) before sampling them")
+        return self.draws[index]
+
+    def _pool_task(self, k: int) -> Task:
         if self._tasks is not None:
-            return self._tasks[index]
+            return self._tasks[k]
         from opencomposer.tasks.format import load_task
         from opencomposer.tasks.generators.tiny import tiny_spec, write_tiny_task
 
-        spec = tiny_spec(self.config.run.seed, "train", index, self.config.rl.task_family)
+        spec = tiny_spec(self.config.run.seed, "train", k, self.config.rl.task_family)
         folder = self.root / spec.task_id
         if (folder / "task.toml").is_file():
             return load_task(folder)
@@ -70,6 +205,68 @@ class TaskStream:
         write_tiny_task(partial, spec, overwrite=True)
         partial.replace(folder)
         return load_task(folder)
+
+    def _levels(self, k: int) -> tuple[str, ...]:
+        """Pool task ``k``'s keys of likeness, most specific first (module doc), read without
+        writing a generated task: its id; family (kind, stated difficulty) and turn budget; family."""
+        if self._tasks is not None:
+            task = self._tasks[k]
+            family = "/".join(str(task.metadata.get(name, "")) for name in ("family", "kind", "difficulty"))
+            return f"task:{task.id}", f"{family}/max_turns={task.budgets.max_turns}", f"family:{family}"
+        from opencomposer.tasks.generators.tiny import BUDGETS, tiny_spec
+
+        spec = tiny_spec(self.config.run.seed, "train", k, self.config.rl.task_family)
+        turns = spec.budgets["max_turns"] if hasattr(spec, "budgets") else BUDGETS["max_turns"]
+        return f"task:{spec.task_id}", f"{spec.family}/max_turns={turns}", f"family:{spec.family}"
+
+    def draw(self, step: int) -> list[Draw]:
+        """Draw the tasks of ``step`` (1-based; ``rl.batch_tasks`` of them, fewer at the end of the
+        pool) unless drawn already (a step replayed after a resume is not: the checkpoint holds the
+        draws up to its own step only). A no-op under ``in_order``."""
+        rl = self.config.rl
+        end = min(step * rl.batch_tasks, self.size)
+        if not self.harder or len(self.draws) >= end:
+            return []
+        taken = {d.pool_index for d in self.draws}
+        remaining = [k for k in range(self.size) if k not in taken]  # in pool order
+        difficulties = self.estimator.difficulties([self.levels[k] for k in remaining])
+        count = end - len(self.draws)
+        if step < rl.harder_from_step:
+            new = [Draw(remaining[j], "order", difficulties[j]) for j in range(count)]
+        else:
+            weights = harder_weights(difficulties, rl.harder_weight)
+            new = []
+            for _ in range(count):
+                j = int(self.rng.choice(len(remaining), p=weights / weights.sum()))
+                new.append(Draw(remaining[j], "harder_later", difficulties[j]))
+                weights[j] = 0.0  # without replacement: single epoch
+        self.draws += new
+        return new
+
+    def observe(self, index: int, group: Group) -> None:
+        """Feed the rollouts of stream position ``index`` to the difficulty estimates."""
+        if self.harder:
+            self.estimator.observe(self.levels[self.drawn(index).pool_index], group)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs to draw the same tasks again: the draws, the estimator, the RNG.
+        Empty under ``in_order`` (the order is a function of ``run.seed``)."""
+        if not self.harder:
+            return {}
+        return {"draws": [asdict(d) for d in self.draws], "estimator": self.estimator.sums,
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any], cursor: int) -> None:
+        """Restore ``state_dict()``. A checkpoint without one (written under ``in_order``) drew its
+        ``cursor`` positions in order, and nothing was observed."""
+        if not self.harder:
+            return
+        if not state:
+            self.draws = [Draw(i) for i in range(cursor)]
+            return
+        self.draws = [Draw(**d) for d in state["draws"]]
+        self.estimator.sums = {key: [float(v) for v in values] for key, values in state["estimator"].items()}
+        self.rng.bit_generator.state = state["rng"]
 
     def check_length(self, needed: int) -> None:
         """Fail at start, not mid-run, when the stream cannot feed every step (single epoch)."""
