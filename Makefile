@@ -21,12 +21,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev,ray]" "torch==2.13.0"   # the pin again: no dependency may move torch
 	touch $(STAMP)
 
-# The sandbox needs bubblewrap and the suite tests git (gold patches are applied with git apply);
-# install them from Debian when we are root and one is missing.
+# The sandbox needs bubblewrap, the suite tests git (gold patches are applied with git apply) and
+# tests/test_html_reports.py a headless Chromium (chromium-headless-shell, /usr/bin); install them
+# from Debian when we are root and one is missing.
 system-deps:
 	@missing=""; \
 	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
+	command -v chromium-headless-shell >/dev/null 2>&1 || missing="$$missing chromium-headless-shell"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing$$missing"; \

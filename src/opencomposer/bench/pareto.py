@@ -1,7 +1,7 @@
 """The comparison of policies as one page: the per-axis table and accuracy against cost and latency.
 
-Report §(CursorBench): models are judged on more than correctness, and accuracy is shown against
-cost on a Pareto front. ``write_report`` writes ``{out}/report.html`` (a ``training.html.HtmlReport``:
+The Composer 2 report judges models on more than correctness and shows accuracy against cost on a
+Pareto front (issue 37 §2). ``write_report`` writes ``{out}/report.html`` (a ``training.html.HtmlReport``:
 one self-contained page, the figures embedded as PNG) from the summaries ``bench.eval.run_eval``
 returns:
 
@@ -51,7 +51,7 @@ def cost_measure(summaries: dict[str, dict[str, Any]]) -> tuple[str, str]:
     """The cost measure to plot and its axis label: dollars where any policy has some, else tokens."""
     if any((summary["axes"]["dollars"]["mean"] or 0.0) > 0 for summary in summaries.values()):
         return "dollars", "dollars per episode"
-    return "tokens", "billed tokens per episode (prompt + completion; no dollar cost given)"
+    return "tokens", "billed tokens per episode (prompt + completion; no policy cost dollars)"
 
 
 def points(summaries: dict[str, dict[str, Any]], measure: str) -> list[Point]:
@@ -98,6 +98,8 @@ def draw_front(chart_points: list[Point], path: Path, title: str, xlabel: str, f
     ax.set_xlabel(xlabel)
     ax.set_ylabel("pass@1 (resolved, 95% interval)")
     ax.set_ylim(-0.05, 1.05)
+    widest = max((max(p.x, p.x_interval[1] or 0.0) for p in chart_points), default=0.0) or 1.0
+    ax.set_xlim(-0.03 * widest, 1.15 * widest)  # costs and latencies start at 0
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
