@@ -6,7 +6,9 @@ Python file and for every other text file. A chunk is ranked from its path, its 
 its text, tokenised for code: each identifier is kept whole (lower-cased) and split into its
 snake_case and CamelCase words (``parse_config`` -> ``parse_config parse config``,
 ``HTTPServer`` -> ``httpserver http server``), with a plural ``s`` dropped so ``files`` finds
-``file``. The default ranker is BM25 (``bm25s``); with an embedding function (an
+``file``. The default ranker is BM25 (``bm25s``), with test files' chunks weighted by
+``TEST_WEIGHT`` (a request's words are in its tests too; the code to change is elsewhere); with
+an embedding function (an
 OpenAI-compatible ``/embeddings`` endpoint, ``[agent.search]``) chunks are ranked by the cosine
 similarity of their embeddings to the query's, or by both (reciprocal-rank fusion, ``hybrid``).
 
@@ -45,6 +47,10 @@ WALK_MAX_ENTRIES = 200_000
 EMBED_MAX_CHARS = 4000
 EMBED_BATCH = 64
 RRF_K = 60  # reciprocal-rank fusion's constant (Cormack et al. 2009)
+TEST_WEIGHT = 0.5
+"""BM25 scores of chunks in test files are multiplied by this: a request names behaviour that the
+tests exercise too, word for word, but the code to change is the implementation
+(benchmarks/search_tools.py measures the effect)."""
 
 Embedder = Callable[[list[str]], list[list[float]]]
 """Texts in, one vector per text out (any length, the same for every call)."""
@@ -321,6 +327,7 @@ class CodeIndex:
         self.truncated = False  # the walk or the file count hit its cap
         self.chunks: list[Chunk] = []
         self._bm25 = None
+        self._weights = np.ones(0)  # [chunks], TEST_WEIGHT for test files' chunks
         self._vectors: dict[str, np.ndarray] = {}  # sha256 of a chunk's document -> unit vector
 
     def refresh(self) -> None:
@@ -348,7 +355,8 @@ class CodeIndex:
         if self._bm25 is None:
             self._bm25 = bm25s.BM25()
             self._bm25.index([c.tokens() or ["\0"] for c in self.chunks], show_progress=False)
-        return np.asarray(self._bm25.get_scores(query_tokens), dtype=np.float64)
+            self._weights = np.array([TEST_WEIGHT if is_test_path(c.path) else 1.0 for c in self.chunks])
+        return np.asarray(self._bm25.get_scores(query_tokens), dtype=np.float64) * self._weights
 
     def _cosine_scores(self, query: str) -> np.ndarray:  # [chunks]
         keys = [hashlib.sha256(c.document().encode()).hexdigest() for c in self.chunks]
@@ -389,6 +397,14 @@ class CodeIndex:
             scores = _rrf(cosine) + np.where(lexical > 0, _rrf(lexical), 0.0)
         order = [i for i in np.argsort(-scores, kind="stable") if allowed[i]]
         return [Hit(self.chunks[i], float(scores[i])) for i in order[:limit]]
+
+
+def is_test_path(path: str) -> bool:
+    """A test file by the usual conventions: under ``tests/`` or ``test/``, ``test_*``, ``*_test.py``
+    or ``conftest.py``."""
+    *folders, name = path.split("/")
+    return (any(f in ("tests", "test", "testing") for f in folders) or name.startswith("test_")
+            or name.endswith("_test.py") or name == "conftest.py")
 
 
 def _rrf(scores: np.ndarray) -> np.ndarray:  # [chunks] -> [chunks]
