@@ -226,6 +226,9 @@ def test_find_files_globs_sorted(workspace: Path):
     assert run(box, "find_files", pattern="/workspace/docs/*") == "docs/notes.txt"
     assert run(box, "find_files", pattern="*.py") == (
         "no files match '*.py'; a pattern without '/' matches the root folder only: try '**/*.py'")
+    assert run(box, "find_files", pattern="src/shop") == "no files match 'src/shop'; 'src/shop' is a folder: try 'src/shop/**'"
+    assert run(box, "find_files", pattern="**") == run(box, "find_files", pattern="**/*")
+    assert run(box, "find_files", pattern="src/cart.py") == "no files match 'src/cart.py'"
 
 
 def test_find_files_caps_its_output(workspace: Path):

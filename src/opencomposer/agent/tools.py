@@ -412,7 +412,10 @@ class Toolbox:
         matches = [f.rel for f in files if glob_match(parts, f.rel.split("/"))]
         if not matches:
             hint = ""
-            if len(parts) == 1 and parts[0] != "**":
+            named = root.joinpath(*parts)
+            if not any(c in pattern for c in "*?[") and named.is_dir() and not named.is_symlink():
+                hint = f"; {pattern!r} is a folder: try '{pattern.rstrip('/')}/**'"
+            elif len(parts) == 1 and parts[0] != "**":
                 hint = f"; a pattern without '/' matches the root folder only: try '**/{pattern}'"
             return f"no files match {pattern!r}{hint}"
         shown = matches[:FIND_MAX_RESULTS]
