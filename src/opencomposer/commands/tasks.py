@@ -155,18 +155,32 @@ def mine_main(args: argparse.Namespace) -> int:
 
 
 def stats_main(args: argparse.Namespace) -> int:
-    """Print the table, write the PNG."""
+    """Print the table, write the PNG. ``args.suite`` is one folder or several (side by side)."""
     from rich.console import Console
 
-    from opencomposer.tasks.stats import plot, stats_table, summarize, task_stats
+    from opencomposer.tasks.stats import compare_table, plot, stats_table, summarize, task_stats
 
-    tasks = load_suite(Path(args.suite))
-    rows = [task_stats(t) for t in tasks]
-    name = Path(args.suite).resolve().name
+    folders = [Path(s) for s in (args.suite if isinstance(args.suite, list) else [args.suite])]
+    suites = {folder.resolve().name: [task_stats(t) for t in load_suite(folder)] for folder in folders}
+    name = "-vs-".join(suites)
     png = Path(args.png) if args.png else load_recipe(args.recipe, args.overrides).run.path / "stats" / f"{name}.png"
-    title = f"{name}: {len(rows)} tasks"
-    Console(width=max(Console().width, 110)).print(stats_table(summarize(rows), title))  # never wrap a row
-    print(f"histogram: {plot(rows, png, title)}")
+    console = Console(width=max(Console().width, 110))  # never wrap a row
+    if len(suites) == 1:
+        rows = next(iter(suites.values()))
+        title = f"{name}: {len(rows)} tasks"
+        console.print(stats_table(summarize(rows), title))
+        print(f"histogram: {plot(rows, png, title)}")
+    else:
+        title = ", ".join(f"{n} ({len(r)} tasks)" for n, r in suites.items())
+        console.print(compare_table({n: summarize(r) for n, r in suites.items()}))
+        print(f"histograms: {plot(suites, png, title)}")
+    for suite_name, rows in suites.items():
+        scores = sorted(r.mutation_score for r in rows if r.mutation_score is not None)
+        if scores:
+            bands = [sum(low <= x < high for x in scores) for low, high in ((0, 0.5), (0.5, 0.75), (0.75, 1.0))]
+            print(f"{suite_name}: mutation score of {len(scores)} task(s): median {summarize(rows)['mutation_score'].median:g}"
+                  f", min {scores[0]:g}; <0.5: {bands[0]}, 0.5-0.75: {bands[1]}, 0.75-1: {bands[2]}, "
+                  f"1.0: {scores.count(1.0)}")
     return 0
 
 

@@ -10,9 +10,15 @@ quantities:
 - ``files_touched``: files the gold patch changes (0 without one);
 - ``prompt_chars``: characters of ``instruction.md`` without surrounding whitespace.
 
+and, for tasks that carry one (mined suites, ``tasks.mutation``), ``mutation_score``: the share of
+mutants of the gold change that the hidden tests reject.
+
 ``summarize`` gives the median, mean, quartiles, 10th/90th percentiles and range of each;
-``stats_table`` lays them out beside the references; ``plot`` draws one histogram per quantity with
-the suite's median and the reference medians (a band for SWE-bench's range) as a PNG.
+``stats_table`` lays them out beside the references; ``compare_table`` puts several suites side by
+side (median and interquartile range of each, then the references); ``plot`` draws one histogram
+per quantity with each suite's median and the reference medians (a band for SWE-bench's range) as
+a PNG, overlaid when there are several suites, with a fourth panel for mutation scores when a suite
+has them.
 
 Not here: scores of a policy on the suite (``opencomposer.bench``).
 """
@@ -43,6 +49,7 @@ class TaskStats:
     lines_changed: int
     files_touched: int
     prompt_chars: int
+    mutation_score: float | None = None  # metadata.mutation_score of a mined task
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,9 @@ class Summary:
 
 def task_stats(task: Task) -> TaskStats:
     diff = diff_stats(task.gold_patch or "")
-    return TaskStats(task.id, diff.lines_changed, diff.files_changed, len(task.instruction.strip()))
+    score = task.metadata.get("mutation_score")
+    return TaskStats(task.id, diff.lines_changed, diff.files_changed, len(task.instruction.strip()),
+                     float(score) if isinstance(score, int | float) else None)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -73,11 +82,15 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def summarize(rows: list[TaskStats]) -> dict[str, Summary]:
+    """One ``Summary`` per quantity of ``METRICS``, and of ``mutation_score`` over the tasks that
+    have one (when any does)."""
     if not rows:
         raise ValueError("no tasks to summarise")
     result = {}
-    for metric in METRICS:
-        values = [float(getattr(r, metric)) for r in rows]
+    for metric in METRICS + ("mutation_score",):
+        values = [float(getattr(r, metric)) for r in rows if getattr(r, metric) is not None]
+        if not values:
+            continue
         result[metric] = Summary(len(values), statistics.median(values), statistics.fmean(values),
                                  _quantile(values, 0.1), _quantile(values, 0.25), _quantile(values, 0.75),
                                  _quantile(values, 0.9), min(values), max(values))
@@ -106,26 +119,67 @@ def stats_table(summary: dict[str, Summary], title: str):
     return table
 
 
-def plot(rows: list[TaskStats], path: Path, title: str) -> Path:
-    """Histograms of the three quantities with the suite median and the reference medians."""
+def compare_table(summaries: dict[str, dict[str, Summary]]):
+    """A rich table of several suites: per quantity, each suite's median with its interquartile
+    range, then the reference medians of report §5."""
+    from rich.table import Table
+
+    table = Table(title="suites beside CursorBench and SWE-bench (median [p25-p75])")
+    table.add_column("quantity")
+    for name, summary in summaries.items():
+        count = next(iter(summary.values())).count
+        table.add_column(f"{name} ({count})", justify="right")
+    table.add_column("CursorBench", justify="right")
+    table.add_column("SWE-bench", justify="right")
+    for metric in METRICS + ("mutation_score",):
+        if not any(metric in s for s in summaries.values()):
+            continue
+        cells = []
+        for summary in summaries.values():
+            s = summary.get(metric)
+            cells.append("-" if s is None else f"{s.median:g} [{s.p25:g}-{s.p75:g}]")
+        references = REFERENCES.get(metric, {})
+        table.add_row(SHORT.get(metric, "mutation score"), *cells,
+                      _reference(metric, "CursorBench") if references else "-",
+                      _reference(metric, "SWE-bench") if references else "-")
+    return table
+
+
+COLOURS = ("#4c72b0", "#55a868", "#8172b2", "#937860", "#64b5cd")
+
+
+def plot(rows: list[TaskStats] | dict[str, list[TaskStats]], path: Path, title: str) -> Path:
+    """Histograms of the three quantities with each suite's median and the reference medians
+    (``rows`` one suite's, or suite name -> rows, overlaid), and of mutation scores when any task
+    has one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = summarize(rows)
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for axis, metric in zip(axes, METRICS):
-        values = [getattr(r, metric) for r in rows]
-        references = REFERENCES[metric]
-        upper = max([max(values)] + [v[1] if isinstance(v, tuple) else v for v in references.values()])
+    suites = rows if isinstance(rows, dict) else {"": rows}
+    summaries = {name: summarize(r) for name, r in suites.items()}
+    metrics = METRICS + (("mutation_score",) if any("mutation_score" in s for s in summaries.values()) else ())
+    figure, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.2))
+    for axis, metric in zip(axes, metrics):
+        references = REFERENCES.get(metric, {})
+        every = [getattr(r, metric) for r in sum(suites.values(), []) if getattr(r, metric) is not None]
+        upper = max([max(every)] + [v[1] if isinstance(v, tuple) else v for v in references.values()])
         if metric == "files_touched":  # one bar per whole number of files
-            bins = [b - 0.5 for b in range(0, int(max(values)) + 2)]
+            bins = [b - 0.5 for b in range(0, int(max(every)) + 2)]
+        elif metric == "mutation_score":
+            bins, upper = [i / 20 for i in range(21)], 1 / 1.05
         else:
             bins = [upper * 1.05 * i / 40 for i in range(41)]
-        axis.hist(values, bins=bins, color="#4c72b0", alpha=0.85, label=f"{len(values)} tasks")
-        axis.axvline(summary[metric].median, color="black", linewidth=2,
-                     label=f"median {summary[metric].median:g}")
+        for (name, suite_rows), colour in zip(suites.items(), COLOURS):
+            values = [getattr(r, metric) for r in suite_rows if getattr(r, metric) is not None]
+            if not values:
+                continue
+            label = f"{name}: " if name else ""
+            axis.hist(values, bins=bins, color=colour, alpha=0.85 if len(suites) == 1 else 0.55,
+                      label=f"{label}{len(values)} tasks")
+            axis.axvline(summaries[name][metric].median, color="black" if len(suites) == 1 else colour,
+                         linewidth=2, label=f"{label}median {summaries[name][metric].median:g}")
         for name, value in references.items():
             if isinstance(value, tuple):
                 axis.axvspan(value[0], value[1], color="#dd8452", alpha=0.35, label=f"{name} {value[0]:,g}-{value[1]:,g}")
@@ -135,7 +189,7 @@ def plot(rows: list[TaskStats], path: Path, title: str) -> Path:
             axis.set_xlim(-0.5, upper + 0.5)
         else:
             axis.set_xlim(0, upper * 1.05)
-        axis.set_xlabel(LABELS[metric])
+        axis.set_xlabel(LABELS.get(metric, "mutation score (share of mutants rejected)"))
         axis.set_ylabel("tasks")
         axis.legend(fontsize=8)
     figure.suptitle(title)
