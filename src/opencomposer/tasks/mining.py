@@ -40,8 +40,9 @@ changes a CursorBench-style benchmark wants and adds the checks it needs:
   which it may append as one short line; a change that needs more is refused as unsolvable;
 - ``mutation_limit`` mutants of the gold change (``tasks.mutation``) run against the task's tests
   and a task whose score is under ``mutation_floor`` is refused;
-- ``validations``: the task folder is checked through the grader that many times in all; any
-  difference (a flaky test) refuses it.
+- ``validations``: the task folder is checked through the grader that many times in all, after the
+  run of both states that computed its test lists; any difference (a flaky test) refuses it. So
+  ``validations=2`` runs each state three times.
 
 Each task records ``metadata.kind`` (fix, feature or refactor, from the message and the change),
 ``metadata.api_change`` (the change removes or adds public names), ``metadata.date`` (the commit's
@@ -430,7 +431,7 @@ def measure_mutation(candidate: Candidate, lab: Lab, criteria: Criteria, seed: s
         return lab.run(state, candidate.source.task_command, bound).passed
 
     result = mutation.score(candidate.gold_state(), chosen, set(outcome.fail_to_pass) | set(outcome.pass_to_pass),
-                            run)
+                            run, criteria.mutation_floor)
     if result.score < criteria.mutation_floor:
         raise Rejected(f"weak tests: mutation score {result.score:.2f} ({result.rejected}/{result.mutants} mutants "
                        f"rejected) under the floor {criteria.mutation_floor:g}; survivors: "

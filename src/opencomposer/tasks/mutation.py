@@ -209,14 +209,19 @@ def mutants(before: Tree, after: Tree, limit: int = 12, seed: object = 0) -> lis
 
 
 def score(gold_state: Tree, chosen: list[Mutant], required: set[str],
-          run: Callable[[Tree], set[str]]) -> MutationResult:
+          run: Callable[[Tree], set[str]], floor: float | None = None) -> MutationResult:
     """Run ``run(state)`` (the node ids that pass) on ``gold_state`` with each mutant in place; a
-    mutant is rejected when one of the ``required`` tests does not pass."""
-    result = MutationResult(mutants=len(chosen), rejected=0)
+    mutant is rejected when one of the ``required`` tests does not pass. With ``floor``, stop as
+    soon as so many mutants survived that the score of all of them would be under it (the result
+    then counts only the mutants run, and its score is under the floor too)."""
+    result = MutationResult(mutants=0, rejected=0)
     for mutant in chosen:
         passed = run({**gold_state, mutant.path: mutant.source.encode("utf-8")})
+        result.mutants += 1
         if required - passed:
             result.rejected += 1
         else:
             result.survivors.append(mutant.description)
+        if floor is not None and (len(chosen) - len(result.survivors)) < floor * len(chosen):
+            break
     return result
