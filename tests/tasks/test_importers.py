@@ -215,3 +215,20 @@ def test_swebench_predictions_from_results(tmp_path: Path):
     lines = [json.loads(line) for line in (tmp_path / "preds.jsonl").read_text().splitlines()]
     assert lines == [{"instance_id": "org__a-1", "model_name_or_path": "my-model", "model_patch": "D1"},
                      {"instance_id": "b", "model_name_or_path": "my-model", "model_patch": ""}]
+
+
+def test_swebench_predictions_of_one_policy_from_a_resumed_multi_policy_eval(tmp_path: Path):
+    rows = [
+        {"task_id": "a", "policy": "noop", "pass": 0, "status": "ok", "diff": ""},
+        {"task_id": "a", "policy": "oracle", "pass": 1, "status": "ok", "diff": "second"},  # a resume appends
+        {"task_id": "a", "policy": "oracle", "pass": 0, "status": "ok", "diff": "first"},
+    ]
+    results = tmp_path / "results.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(ValueError, match="2 policies.*'noop', 'oracle'"):
+        export_swebench_predictions(results, tmp_path / "preds.jsonl")
+    with pytest.raises(ValueError, match="no episode of policy 'gpt'"):
+        export_swebench_predictions(results, tmp_path / "preds.jsonl", policy="gpt")
+    assert export_swebench_predictions(results, tmp_path / "preds.jsonl", policy="oracle") == 1
+    [line] = [json.loads(line) for line in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    assert line == {"instance_id": "a", "model_name_or_path": "oracle", "model_patch": "first"}

@@ -116,25 +116,39 @@ def export_harbor(task: Task, folder: Path) -> Path:
     return folder
 
 
-def export_swebench_predictions(results: Path, out: Path, model_name: str | None = None) -> int:
-    """Write one SWE-bench prediction per scored episode of ``results.jsonl`` (first pass of each
-    task); returns how many were written. ``instance_id`` is the task's ``metadata.instance_id``
-    when the eval row has it, else the task id."""
-    lines, seen = [], set()
+def export_swebench_predictions(results: Path, out: Path, model_name: str | None = None,
+                                policy: str | None = None) -> int:
+    """Write one SWE-bench prediction per scored task of ``results.jsonl`` (its lowest pass);
+    returns how many were written. ``instance_id`` is the task's ``metadata.instance_id`` when the
+    eval row has it, else the task id. A file with several policies' episodes (``opencomposer
+    eval --policy A --policy B``) needs ``policy``, the one to export; a ValueError names them."""
+    rows = []
     for number, line in enumerate(Path(results).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError as e:
             raise ValueError(f"{results}: line {number}: not valid JSON: {e}") from None
-        if row.get("status") == "infra_error" or row["task_id"] in seen:
+    policies = sorted({row.get("policy", "") for row in rows})
+    if policy is not None:
+        if policy not in policies:
+            raise ValueError(f"{results}: no episode of policy {policy!r}; it has {', '.join(map(repr, policies))}")
+        rows = [row for row in rows if row.get("policy", "") == policy]
+    elif len(policies) > 1:
+        raise ValueError(f"{results} holds episodes of {len(policies)} policies ({', '.join(map(repr, policies))}): "
+                         "name the one to export (--policy)")
+    best: dict[str, dict] = {}
+    for row in rows:  # a resumed eval appends out of order: the lowest pass of each task, whatever the line
+        if row.get("status") == "infra_error":
             continue
-        seen.add(row["task_id"])
-        lines.append(json.dumps({
-            "instance_id": row.get("instance_id") or row["task_id"],
-            "model_name_or_path": model_name or row.get("policy", "opencomposer"),
-            "model_patch": row.get("diff") or "",
-        }))
+        kept = best.get(row["task_id"])
+        if kept is None or int(row.get("pass", 0)) < int(kept.get("pass", 0)):
+            best[row["task_id"]] = row
+    lines = [json.dumps({
+        "instance_id": row.get("instance_id") or row["task_id"],
+        "model_name_or_path": model_name or row.get("policy", "opencomposer"),
+        "model_patch": row.get("diff") or "",
+    }) for row in best.values()]
     Path(out).write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
     return len(lines)
