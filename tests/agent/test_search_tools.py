@@ -4,6 +4,7 @@ checks, ``agent.tools`` and what the prompt lists, and the embeddings rankers (a
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -183,6 +184,12 @@ def test_search_shows_a_snippet_and_follows_edits(workspace: Path):
     assert heads(run(box, "codebase_search", query="refund_order")) == ["src/shop/refunds.py:1-2 def refund_order"]
     box.sandbox.resolve("src/shop/refunds.py").unlink()
     assert run(box, "codebase_search", query="refund_order").startswith("no results")
+    run(box, "write_file", path="notes.txt", content="kiwi")
+    assert heads(run(box, "codebase_search", query="kiwi")) == ["notes.txt:1-1"]
+    stamp = box.sandbox.resolve("notes.txt").stat().st_mtime_ns
+    run(box, "write_file", path="notes.txt", content="lime")  # same size and, on a coarse clock, same mtime:
+    os.utime(box.sandbox.resolve("notes.txt"), ns=(stamp, stamp))
+    assert heads(run(box, "codebase_search", query="lime")) == ["notes.txt:1-1"]  # the tool's own write counts
 
 
 def test_search_glob_restricts_the_files(workspace: Path):

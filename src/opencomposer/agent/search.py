@@ -16,7 +16,9 @@ The walk never follows a symbolic link and never lists one (a link may point any
 when it is inside the workspace, is indexed under its own path), skips ``IGNORED_NAMES`` and
 ignored suffixes, reads regular files only (``O_NOFOLLOW``), and skips files larger than
 ``INDEX_MAX_FILE_BYTES``, binary and non-UTF-8 files. Chunks are kept between searches and a file
-is chunked again only when its size or mtime changed, so searching after an edit sees the edit.
+is chunked again when its size or mtime changed, or when the caller says it wrote it
+(``CodeIndex.forget``: two writes within the file system's timestamp granularity can leave both
+the same), so searching after an edit sees the edit.
 
 This module knows nothing of ``Sandbox``: ``Toolbox`` resolves the paths the model gives through
 ``Sandbox.resolve`` and hands this module a folder inside the workspace.
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from opencomposer.config.agent import SEARCH_RANKERS
 from opencomposer.sandbox.patch import is_ignored_name
 
 WINDOW_LINES = 40
@@ -313,9 +316,6 @@ class Hit:
     score: float
 
 
-RANKERS = ("bm25", "embeddings", "hybrid")
-
-
 class CodeIndex:
     """The chunks of a workspace's files, refreshed from file stamps, ranked for a query."""
 
@@ -349,6 +349,10 @@ class CodeIndex:
             self.chunks = [c for rel in sorted(self.files) for c in self.files[rel][1]]
             self._bm25 = None
 
+    def forget(self, rel: str) -> None:
+        """Chunk ``rel`` again at the next search, whatever its stamp says."""
+        self.files.pop(rel, None)
+
     def _bm25_scores(self, query_tokens: list[str]) -> np.ndarray:  # [chunks]
         import bm25s
 
@@ -374,11 +378,11 @@ class CodeIndex:
         return matrix @ vectors[-1]
 
     def search(self, query: str, limit: int, only: Sequence[str] | None = None, ranker: str = "bm25") -> list[Hit]:
-        """The best ``limit`` chunks for ``query`` under ``ranker`` (``RANKERS``; with a BM25 score
+        """The best ``limit`` chunks for ``query`` under ``ranker`` (``SEARCH_RANKERS``; with a BM25 score
         above zero for ``bm25``), among the files whose path matches the glob segments ``only``
         when given. The embedding rankers raise what the embedding function raises."""
-        if ranker not in RANKERS or (ranker != "bm25" and self.embedder is None):
-            raise ValueError(f"ranker {ranker!r}: expected one of {', '.join(RANKERS)}, with an embedding "
+        if ranker not in SEARCH_RANKERS or (ranker != "bm25" and self.embedder is None):
+            raise ValueError(f"ranker {ranker!r}: expected one of {', '.join(SEARCH_RANKERS)}, with an embedding "
                              "function for the last two")
         self.refresh()
         if not self.chunks:

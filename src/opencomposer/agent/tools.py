@@ -284,6 +284,8 @@ class Toolbox:
         fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        if self._index is not None:
+            self._index.forget(self.sandbox.relpath(host))
 
     def _read_file(self, path: str, offset: int = 1, limit: int = READ_DEFAULT_LINES) -> str:
         if offset < 1:
