@@ -521,6 +521,7 @@ class PolicyOutput:
     reasoning: str = ""  # a server's separate thinking text (``reasoning_content``), not part of ``text``
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those a server read from its prompt cache
     cost: float = 0.0
     policy_version: int = 0  # the version of the first token
     token_versions: list[int] | None = None  # the version of each token, when it can change inside a turn

@@ -19,12 +19,16 @@ from opencomposer.types import EpisodeStatus
 from .conftest import FIXTURES
 
 
-def tool_reply(call_id: str, name: str, arguments: str, prompt_tokens: int = 1000, completion_tokens: int = 50):
+def tool_reply(call_id: str, name: str, arguments: str, prompt_tokens: int = 1000, completion_tokens: int = 50,
+               cached_tokens: int = 0):
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    if cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return 200, {
         "choices": [{"finish_reason": "tool_calls", "message": {
             "role": "assistant", "content": None,
             "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        "usage": usage,
     }
 
 
@@ -76,7 +80,8 @@ def test_episode_with_native_tool_calls_retries_and_cost(config: HttpPolicyConfi
         (503, {"error": "overloaded"}),
         (429, {"error": "slow down"}),
         tool_reply("c1", "edit", json.dumps({"path": "calc.py", "old": old, "new": new})),
-        tool_reply("c2", "finish", '{"message": "Fixed."}', prompt_tokens=2000, completion_tokens=20),
+        tool_reply("c2", "finish", '{"message": "Fixed."}', prompt_tokens=2000, completion_tokens=20,
+                   cached_tokens=900),
     ])
     config.base_url = server.url
     task = load_task(FIXTURES / "fix-add")
@@ -96,6 +101,7 @@ def test_episode_with_native_tool_calls_retries_and_cost(config: HttpPolicyConfi
     assert body["messages"][2]["tool_calls"][0]["id"] == "c1" and body["messages"][3]["tool_call_id"] == "c1"
     assert json.loads(body["messages"][2]["tool_calls"][0]["function"]["arguments"])["new"] == new
     assert episode.metrics["prompt_tokens"] == 3000.0 and episode.metrics["completion_tokens"] == 70.0
+    assert episode.metrics["cached_tokens"] == 900.0  # usage.prompt_tokens_details.cached_tokens
     assert episode.metrics["cost"] == pytest.approx((3000 * 2.0 + 70 * 10.0) / 1e6)
 
 

@@ -106,6 +106,7 @@ class AgentLoop:
         self.policy_s = 0.0  # what the wall-time budget counts: the policy's own turns and tool calls
         self.waited_s = 0.0  # what it does not: queues for other episodes' batches, sandbox slots
         self.counters = {"format_errors": 0, "rejected_tool_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                         "cached_tokens": 0,
                          "summary_tokens": 0, "compaction_tokens": 0, "compaction_prompt_tokens": 0, "summary_prefill_reused": 0,
                          "context_tokens_saved": 0}
         self.summaries = 0  # segments closed by the context policy
@@ -256,6 +257,7 @@ class AgentLoop:
         self.cost += output.cost
         self.counters["prompt_tokens"] += output.prompt_tokens
         self.counters["completion_tokens"] += output.completion_tokens
+        self.counters["cached_tokens"] += output.cached_tokens
         self.context_tokens = output.prompt_tokens + output.completion_tokens
         if self.transcript is not None:
             if output.token_ids is None:

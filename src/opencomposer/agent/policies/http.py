@@ -14,7 +14,8 @@ parameter is asked again with ``max_tokens``, and the policy remembers that for 
 The API key is read from the environment variable ``agent.http.api_key_env`` (absent is fine for
 local servers). Network errors, 429 and 5xx are retried with exponential backoff (``Retry-After``
 honoured); other errors, and exhausted retries, raise ``PolicyError`` (an infrastructure failure).
-Token counts and cost come from ``usage``.
+Token counts (the cached part of the prompt from ``usage.prompt_tokens_details.cached_tokens``) and
+cost come from ``usage``.
 
 Standard library only (``urllib``); no token ids or logprobs are recorded, so these episodes are
 for evaluation, not training.
@@ -102,6 +103,8 @@ class OpenAIPolicy:
         usage = reply.get("usage") or {}
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        cached_tokens = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
         calls, error = self._tool_calls(message.get("tool_calls"))
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         return PolicyOutput(
@@ -112,6 +115,7 @@ class OpenAIPolicy:
             finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
             cost=(prompt_tokens * self.config.input_cost_per_mtok
                   + completion_tokens * self.config.output_cost_per_mtok) / 1e6,
         )
