@@ -306,3 +306,35 @@ def test_the_quickstart_chain_pretrains_and_fine_tunes_once_per_seed(tmp_path: P
         assert load_recipe(run_dir / "recipe.toml").model.path == str(out / "shared" / "seed-0-sft")
     record = json.loads((out / "ablation.json").read_text())
     assert [c["status"] for c in record["cells"]] == ["finished", "finished"]
+
+
+def test_listed_cells_make_a_grid_that_is_not_a_product(tmp_path: Path):
+    text = ('[ablation]\ncells = [{"rl.kl.coef" = 0.0, "rl.kl.reference" = "none"},\n'
+            '         {"rl.kl.estimator" = "k1", "rl.kl.placement" = "reward"},\n'
+            '         "rl.kl.estimator=k3;rl.kl.placement=loss"]\nvary = ["rl.lr=1e-4,3e-4"]\n')
+    study = section(text)
+    assert study.cells == ['rl.kl.coef=0.0;rl.kl.reference="none"', 'rl.kl.estimator="k1";rl.kl.placement="reward"',
+                           "rl.kl.estimator=k3;rl.kl.placement=loss"]
+    grid = study.grid()
+    assert len(grid) == 6 and grid[0] == {"rl.kl.coef": "0.0", "rl.kl.reference": '"none"', "rl.lr": "1e-4"}
+    assert [cell_name(cell) for cell in grid[4:]] == ["rl.kl.estimator=k3,rl.kl.placement=loss,rl.lr=1e-4",
+                                                      "rl.kl.estimator=k3,rl.kl.placement=loss,rl.lr=3e-4"]
+    from opencomposer.commands.ablate import plan
+
+    runs, jobs = plan(str(ROOT / "recipes" / "rl-tiny.toml"), [], replace(study, seeds=[0], prefix="sft"), tmp_path)
+    assert len(runs) == 6 and len([job for job in jobs if job.run is None]) == 1  # every key rl.*: one shared SFT
+    kl = [(job.rl.rl.kl.coef, job.rl.rl.kl.estimator, job.rl.rl.kl.placement) for job in jobs if job.run is not None]
+    assert kl[0][0] == 0.0 and kl[2][1:] == ("k1", "reward") and kl[4][1:] == ("k3", "loss")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('cells = ["rl.lr"]', "is not KEY=VALUE;KEY=VALUE"),
+    ('cells = ["rl.lr=1e-4;rl.lr=3e-4"]', "sets rl.lr twice"),
+    ('cells = ["rl.lr=1e-4", "rl.lr=1e-4"]', "listed twice"),
+    ('cells = [{}]', "an empty cell"),
+    ('cells = ["run.seed=1"]', "seeds go in ablation.seeds"),
+    ('cells = ["rl.lr=1e-4"]\nvary = ["rl.lr=3e-4"]', "both in a listed cell and varied"),
+])
+def test_listed_cells_refuse_what_they_cannot_run(text: str, message: str):
+    with pytest.raises(ConfigError, match=message):
+        section("[ablation]\n" + text + "\n")

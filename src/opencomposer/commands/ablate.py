@@ -1,7 +1,8 @@
 """``opencomposer ablate``: a grid of RL runs of one recipe, over seeds, with intervals (docs/ablations.md).
 
 The grid is the cartesian product of the varied keys' values (``[ablation] vary`` extended by
-``--vary KEY=V1,V2``), times ``ablation.seeds`` (each given to ``run.seed``). Every cell and seed
+``--vary KEY=V1,V2``), each crossed with the cells ``[ablation] cells`` lists (a study that is not a
+product), times ``ablation.seeds`` (each given to ``run.seed``). Every cell and seed
 is an ordinary RL run folder, ``{out}/cells/{KEY=VALUE,...}/seed-{S}``, run as ``opencomposer rl``
 runs it; ``{out}/ablation.json`` records each one (its overrides, seed, folder, status and final
 metrics) and is rewritten after each, and ``{out}/report.html`` shows the table and the curves
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from opencomposer.bench.ablation import CellRun, final_metrics, format_table, table, table_note, write_report
 from opencomposer.config import AblationConfig, Config, ConfigError, load_recipe, to_toml
-from opencomposer.config.ablation import cell_name, parse_vary
+from opencomposer.config.ablation import cell_name, parse_cell, parse_vary
 from opencomposer.config.paths import check_recipe_paths
 from opencomposer.io import atomic_write_text
 
@@ -66,7 +67,8 @@ def study_config(config: Config, cli_vary: list[str]) -> AblationConfig:
 
 
 def check_values(recipe: str | None, overrides: list[str], study: AblationConfig) -> None:
-    """Each varied value alone on the recipe, so that a bad key or value is named as given."""
+    """Each varied value alone on the recipe, and each listed cell, so that a bad key or value is
+    named as given."""
     for item in study.vary:
         key, values = parse_vary(item)
         for value in values:
@@ -74,6 +76,11 @@ def check_values(recipe: str | None, overrides: list[str], study: AblationConfig
                 load_recipe(recipe, [*overrides, f"{key}={value}"])
             except ConfigError as e:
                 raise ConfigError(f"--vary {key}={value}: {e}") from None
+    for item in study.cells:
+        try:
+            load_recipe(recipe, [*overrides, *(f"{k}={v}" for k, v in parse_cell(item).items())])
+        except ConfigError as e:
+            raise ConfigError(f"ablation.cells {item}: {e}") from None
 
 
 def out_dir(config: Config, study: AblationConfig) -> Path:
@@ -107,13 +114,13 @@ def after_prefix(config: Config, prefix: str, sft_out: str) -> Config:
 def plan(recipe: str | None, overrides: list[str], study: AblationConfig, out: Path) -> tuple[list[CellRun], list[Job]]:
     """Every cell and seed as a ``CellRun`` and the jobs that produce them: the shared prefixes
     first (one per seed), then one job per run."""
-    shared = study.prefix != "none" and all(parse_vary(item)[0].startswith("rl.") for item in study.vary)
+    shared = study.prefix != "none" and all(key.startswith("rl.") for key in study.keys())
     runs, jobs, shared_jobs = [], [], {}
     names: dict[str, dict[str, str]] = {}
     for cell in study.grid():
         name = cell_name(cell)
         if names.setdefault(name, cell) != cell:
-            raise ConfigError(f"ablation.vary: cells {names[name]} and {cell} would share the folder {name}")
+            raise ConfigError(f"ablation: cells {names[name]} and {cell} would share the folder {name}")
         for seed in study.seeds:
             where = [f"run.out_dir={out / 'cells' / name}", f"run.name=seed-{seed}", f"run.seed={seed}"]
             config = load_recipe(recipe, [*overrides, *(f"{k}={v}" for k, v in cell.items()), *where])
@@ -188,7 +195,7 @@ def run_job(job: Job) -> None:
 def _record(out: Path, study: AblationConfig, runs: list[CellRun]) -> None:
     header, rows = table(runs, study.metrics)
     atomic_write_text(out / "ablation.json", json.dumps({
-        "vary": study.vary, "seeds": study.seeds, "metrics": study.metrics,
+        "vary": study.vary, "listed_cells": study.cells, "seeds": study.seeds, "metrics": study.metrics,
         "cells": [asdict(run) for run in runs],
         "table": {"header": header, "rows": rows, "note": table_note(runs)},
     }, indent=1) + "\n")

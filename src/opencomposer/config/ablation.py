@@ -9,6 +9,11 @@ metrics the table and the report show, where the runs go, and how they run. The 
 or as a list of ``"KEY=V1,V2"`` strings, the form ``--vary`` takes; the table becomes that form
 when the section is made. Each value is read as ``--set KEY=VALUE`` reads it, by the type of the
 field the key names (``grid_overrides``); commas inside brackets or quotes do not split values.
+
+A study whose cells are not a product ("no KL / k1 in the reward / k3 in the loss") lists them:
+``cells = [{"rl.kl.coef" = 0.0}, {"rl.kl.estimator" = "k1", "rl.kl.placement" = "reward"}]``,
+or the strings ``"KEY=VALUE;KEY=VALUE"`` (the form ``--cell`` takes). Each listed cell is crossed
+with ``vary``'s product when both are given.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ class AblationConfig(Section):
     vary: list[str] = field(default_factory=list)
     """The varied recipe keys, each "KEY=V1,V2,..." (or a TOML table KEY -> list of values); the
     grid is the cartesian product of their values."""
+    cells: list[str] = field(default_factory=list)
+    """Cells listed one by one, each "KEY=VALUE;KEY=VALUE" (or a TOML table KEY -> value): the
+    grid when it is not a product; crossed with vary's product when both are given."""
     seeds: list[int] = field(default_factory=lambda: [0])
     """Seeds every grid cell runs with (run.seed); the table's intervals are over these."""
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
@@ -61,6 +69,15 @@ class AblationConfig(Section):
                     raise ConfigError(f"ablation.vary.{key}: expected a list of values, got {show(values)}")
                 vary.append(f"{key}=" + ",".join(_literal(value, f"ablation.vary.{key}") for value in values))
             self.vary = vary
+        if isinstance(self.cells, list):  # the table form of each cell, into the "KEY=VALUE;KEY=VALUE" of --cell
+            cells = []
+            for i, cell in enumerate(self.cells):
+                if isinstance(cell, dict):
+                    if not cell:
+                        raise ConfigError(f"ablation.cells[{i}]: an empty cell; give it KEY = value pairs")
+                    cell = ";".join(f"{key}={_literal(value, f'ablation.cells[{i}].{key}')}" for key, value in cell.items())
+                cells.append(cell)
+            self.cells = cells
         super().__post_init__()
 
     def validate(self) -> None:
@@ -68,6 +85,12 @@ class AblationConfig(Section):
         repeated = sorted({key for key in keys if keys.count(key) > 1})
         if repeated:
             raise ConfigError(f"ablation.vary: {', '.join(repeated)} varied twice; give each key one list of values")
+        listed = [parse_cell(item) for item in self.cells]
+        if len({tuple(sorted(cell.items())) for cell in listed}) != len(listed):
+            raise ConfigError("ablation.cells: a cell is listed twice")
+        both = sorted({key for cell in listed for key in cell} & set(keys))
+        if both:
+            raise ConfigError(f"ablation: {', '.join(both)} both in a listed cell and varied; give each key one place")
         if not self.seeds:
             raise ConfigError("ablation.seeds: at least one seed is needed")
         if len(set(self.seeds)) != len(self.seeds):
@@ -80,10 +103,16 @@ class AblationConfig(Section):
             raise ConfigError(f"ablation.ray_cpus_per_cell: must be >= 0, got {self.ray_cpus_per_cell}")
 
     def grid(self) -> list[dict[str, str]]:
-        """The grid cells, each the override text of every varied key (``{"rl.lr": "1e-4"}``), in
-        the order of the product (the last key varies fastest); one empty cell without ``vary``."""
+        """The grid cells, each the override text of every key it sets (``{"rl.lr": "1e-4"}``):
+        each listed cell (or one empty cell without ``cells``) with each combination of the varied
+        values, in the order of the product (the last key varies fastest)."""
         axes = [[(key, value) for value in values] for key, values in map(parse_vary, self.vary)]
-        return [dict(cell) for cell in itertools.product(*axes)]
+        listed = [parse_cell(item) for item in self.cells] or [{}]
+        return [{**cell, **dict(combination)} for cell in listed for combination in itertools.product(*axes)]
+
+    def keys(self) -> set[str]:
+        """Every recipe key a cell of the grid sets."""
+        return {key for cell in self.grid() for key in cell}
 
 
 def _literal(value: Any, key: str) -> str:
@@ -99,16 +128,24 @@ def _literal(value: Any, key: str) -> str:
     raise ConfigError(f"{key}: {show(value)} cannot be a varied value (a boolean, number, string or list)")
 
 
+def _key(key: str, item: str, where: str, form: str) -> str:
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"{where}: {item!r} is not {form}")
+    if key.startswith(RESERVED[0]) or key in RESERVED[1:]:
+        what = "the runner sets it for each cell" if key.startswith("run.") else "it is the grid itself"
+        raise ConfigError(f"{where}: {key} cannot be varied ({what}); "
+                          + ("seeds go in ablation.seeds" if key == "run.seed" else "vary another key"))
+    return key
+
+
 def parse_vary(item: str) -> tuple[str, list[str]]:
     """``"KEY=V1,V2"`` → ``("KEY", ["V1", "V2"])``; a ConfigError naming ``item`` if it is not that."""
     key, eq, text = item.partition("=")
-    key = key.strip()
-    if not eq or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"ablation.vary: {item!r} is not KEY=V1,V2,... (for example rl.lr=1e-4,3e-4)")
-    if key.startswith(RESERVED[0]) or key in RESERVED[1:]:
-        what = "the runner sets it for each cell" if key.startswith("run.") else "it is the grid itself"
-        raise ConfigError(f"ablation.vary: {key} cannot be varied ({what}); "
-                          + ("seeds go in ablation.seeds" if key == "run.seed" else "vary another key"))
+    form = "KEY=V1,V2,... (for example rl.lr=1e-4,3e-4)"
+    if not eq:
+        raise ConfigError(f"ablation.vary: {item!r} is not {form}")
+    key = _key(key, item, "ablation.vary", form)
     values = split_values(text)
     if not values or any(not value for value in values):
         raise ConfigError(f"ablation.vary: {item!r} has an empty value; expected KEY=V1,V2,...")
@@ -117,8 +154,24 @@ def parse_vary(item: str) -> tuple[str, list[str]]:
     return key, values
 
 
-def split_values(text: str) -> list[str]:
-    """``text`` split at its commas, except those inside brackets or quotes (``[1, 2],"a,b"``)."""
+def parse_cell(item: str) -> dict[str, str]:
+    """``"KEY=VALUE;KEY=VALUE"`` → ``{"KEY": "VALUE", ...}``; a ConfigError naming ``item`` if it is not that."""
+    form = "KEY=VALUE;KEY=VALUE (for example rl.kl.estimator=k3;rl.kl.placement=loss)"
+    cell: dict[str, str] = {}
+    for part in split_values(item, ";"):
+        key, eq, value = part.partition("=")
+        if not eq or not value.strip():
+            raise ConfigError(f"ablation.cells: {item!r} is not {form}")
+        key = _key(key, item, "ablation.cells", form)
+        if key in cell:
+            raise ConfigError(f"ablation.cells: {item!r} sets {key} twice")
+        cell[key] = value.strip()
+    return cell
+
+
+def split_values(text: str, separator: str = ",") -> list[str]:
+    """``text`` split at its commas (or ``separator``), except those inside brackets or quotes
+    (``[1, 2],"a,b"``)."""
     values, depth, quote, current = [], 0, "", []
     for char in text:
         if quote:
@@ -129,7 +182,7 @@ def split_values(text: str) -> list[str]:
             depth += 1
         elif char in "]}":
             depth -= 1
-        elif char == "," and depth == 0:
+        elif char == separator and depth == 0:
             values.append("".join(current).strip())
             current = []
             continue
