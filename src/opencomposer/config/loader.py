@@ -30,12 +30,12 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
     that ships inside the package (``opencomposer/recipes/``), or else the defaults."""
     data: dict[str, Any] = {}
     if path is None and packaged is not None:
-        data = _parse(packaged, packaged_recipe(packaged).read_text())
+        data = _read(packaged_recipe(packaged), packaged, ())
     elif path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"recipe not found: {path}")
-        data = _parse(str(path), path.read_text())
+        data = _read(path, str(path), (str(path.resolve()),))
     for item in overrides or []:
         apply_override(data, item)
     return from_dict(Config, data)
@@ -49,6 +49,34 @@ def packaged_recipe(name: str) -> Traversable:
         shipped = sorted(r.name for r in (resources.files("opencomposer") / "recipes").iterdir())
         raise ConfigError(f"no packaged recipe {name!r}; opencomposer/recipes/ holds {', '.join(shipped) or 'none'}")
     return resource
+
+
+def _read(source: Path | Traversable, name: str, chain: tuple[str, ...]) -> dict[str, Any]:
+    """The recipe at ``source`` with the recipe its top-level ``extends`` names (a path relative to
+    it) underneath: that recipe's tables merged key by key with this one's, this one's values
+    winning (a list or a value replaces, a table merges). Chains are followed; a cycle is an error."""
+    data = _parse(name, source.read_text())
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{name}: extends: expected the path of a recipe (relative to this one), got {show(base)}")
+    if not isinstance(source, Path):
+        raise ConfigError(f"{name}: extends {base!r}: only a recipe file on disk may extend another")
+    parent, parent_name = source.parent / base, str(Path(name).parent / base)
+    if not parent.is_file():
+        raise ConfigError(f"{name}: extends {base!r}: recipe not found: {parent_name}")
+    key = str(parent.resolve())
+    if key in chain:
+        raise ConfigError(f"{name}: extends {base!r}: a cycle ({' -> '.join([*chain, key])})")
+    return _merged(_read(parent, parent_name, (*chain, key)), data)
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _parse(name: str, text: str) -> dict[str, Any]:
