@@ -5,9 +5,10 @@ Every tool acts on one ``Sandbox``. File tools run on the host but only through
 only); ``grep`` and ``run`` execute inside the jail. ``codebase_search`` (ranked retrieval,
 ``agent.search``) and ``find_files`` (glob) walk the workspace from the host without following or
 listing symbolic links. ``agent.tools`` chooses which tools an episode has (``DEFAULT_TOOLS``
-unless a recipe says otherwise); the prompt lists exactly those, and a call of another is refused. Arguments are checked strictly (unknown,
-missing or mistyped arguments are refused) and every refusal is a ``ToolError`` whose message
-tells the model what to change; the loop sends it back as the tool's result.
+unless a recipe says otherwise); the prompt lists exactly those, and a call of another is refused.
+Arguments are checked strictly (unknown, missing or mistyped arguments are refused) and every
+refusal is a ``ToolError`` whose message tells the model what to change; the loop sends it back as
+the tool's result.
 
 ``finish`` raises ``Submitted``; the loop ends the episode with its message.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 from opencomposer.agent.errors import Submitted
 from opencomposer.agent.search import (
+    INDEX_MAX_FILE_BYTES,
     CodeIndex,
     Embedder,
     GlobError,
@@ -148,9 +150,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     ),
     ToolSpec(
         "codebase_search",
-        "Search the workspace's code and text by meaning and words: returns the best-matching functions, "
-        "classes and passages, each with its path, line range, symbol and first lines. Use it to find where "
-        "something is implemented; use grep for an exact text.",
+        "Ranked search of the workspace's code and text: returns the functions, classes and passages that "
+        "best match a description or identifiers, each with its path, line range, symbol and first lines. "
+        "Use it to find where something is implemented; use grep for an exact text.",
         (
             Param("query", str, "What you are looking for, in words or identifiers (e.g. 'parse config file')."),
             Param("limit", int, f"How many results (default {SEARCH_DEFAULT_RESULTS}, at most {SEARCH_MAX_RESULTS}).",
@@ -461,7 +463,7 @@ class Toolbox:
             where = f" in files matching {glob!r}" if glob is not None else ""
             out.append(f"no results for {query!r}{where}; try other words, or grep for an exact text")
         if self._index.skipped:
-            notes.append(f"[{len(self._index.skipped)} file(s) over 1 MiB are not searched, e.g. "
+            notes.append(f"[{len(self._index.skipped)} file(s) over {INDEX_MAX_FILE_BYTES >> 20} MiB are not searched, e.g. "
                          f"{self._index.skipped[0]}; use grep]")
         if self._index.truncated:
             notes.append("[the workspace is too large to index whole; some files are not searched]")
