@@ -91,6 +91,8 @@ def test_the_section_takes_a_table_or_strings_and_makes_the_grid():
     assert [cell_name(cell) for cell in table_form.grid()] == ["rl.reward.succinctness=0.0,rl.kl.estimator=k1",
                                                              "rl.reward.succinctness=0.05,rl.kl.estimator=k1"]
     assert cell_name({"rl.train_tasks": "tasks/a b"}) == "rl.train_tasks=tasks_a_b" and cell_name({}) == "base"
+    long = {f"rl.reward.term_{i}": "0.0" for i in range(12)}
+    assert len(cell_name(long)) == 120 and cell_name(long) != cell_name({**long, "rl.reward.term_0": "0.1"})
     lists = AblationConfig(vary=['corpus.sources=["stdlib"],["a,b", "c"]'])
     assert [cell["corpus.sources"] for cell in lists.grid()] == ['["stdlib"]', '["a,b", "c"]']
 

@@ -18,6 +18,7 @@ with ``vary``'s product when both are given.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -28,6 +29,7 @@ from opencomposer.config.section import ConfigError, Section, show
 
 DEFAULT_METRICS = ["eval/pass_at_1", "eval/mean_reward", "train/reward_mean", "train/resolved_rate"]
 RESERVED = ("ablation.", "run.out_dir", "run.name", "run.seed")
+MAX_CELL_NAME = 120
 """Keys a study may not vary: the grid's own section, and what the runner sets for each cell."""
 
 
@@ -199,4 +201,7 @@ def cell_name(cell: dict[str, str]) -> str:
     unquoted = {key: value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "\"'" else value
                 for key, value in cell.items()}
     text = ",".join(f"{key}={value}" for key, value in unquoted.items())
-    return "".join(c if c.isalnum() or c in "._=,+-" else "_" for c in text)
+    name = "".join(c if c.isalnum() or c in "._=,+-" else "_" for c in text)
+    if len(name) > MAX_CELL_NAME:  # a folder name has at most 255 bytes: the start, and a digest of the whole
+        name = name[:MAX_CELL_NAME - 9] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
+    return name
