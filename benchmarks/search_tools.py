@@ -28,7 +28,7 @@ generic search would do; ``bm25-files-tw``, the same with test files' scores wei
 ``TEST_WEIGHT`` (so the difference to the tool is its chunks and code words alone); and ``random``, the expectation of a random order of the files (exact:
 the first of g gold files among n is at rank r with probability C(n-r, g-1) / C(n, g)).
 
-    .venv/bin/python benchmarks/search_tools.py [--suite src/opencomposer/suites/cursorbench]
+    .venv/bin/python benchmarks/search_tools.py [--suite src/opencomposer/suites/cursorbench]   # results/search_tools-SUITE.json
     .venv/bin/python benchmarks/search_tools.py --quick     # three tasks
 """
 
@@ -176,7 +176,7 @@ def main() -> None:
     misses = [r["task"] for r in rows if not r["codebase_search"]["first_rank"]]
     print(f"tasks whose gold files are not among codebase_search's {SEARCH_MAX_RESULTS} chunks: "
           f"{', '.join(misses) or 'none'}")
-    out = args.results_dir / "search_tools.json"
+    out = args.results_dir / f"search_tools-{args.suite.resolve().name}.json"
     out.write_text(json.dumps({"suite": str(args.suite), "summary": summary, "tasks": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 
