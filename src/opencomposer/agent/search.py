@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -92,17 +93,20 @@ def _normalise(word: str) -> str:
     return word
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _word_tokens(word: str) -> tuple[str, ...]:
+    """One identifier's words (cached: a codebase repeats its identifiers)."""
+    whole = word.lower()
+    tokens = [_normalise(whole)] if whole not in STOPWORDS else []
+    parts = [p.lower() for piece in word.split("_") for p in _CAMEL.findall(piece)]
+    if len(parts) > 1:
+        tokens += [_normalise(p) for p in parts if len(p) > 1 and p not in STOPWORDS]
+    return tuple(tokens)
+
+
 def tokenize(text: str) -> list[str]:
     """Code-aware words: each identifier whole, then its snake_case and CamelCase parts."""
-    tokens: list[str] = []
-    for word in _WORD.findall(text):
-        whole = word.lower()
-        if whole not in STOPWORDS:
-            tokens.append(_normalise(whole))
-        parts = [p.lower() for piece in word.split("_") for p in _CAMEL.findall(piece)]
-        if len(parts) > 1:
-            tokens.extend(_normalise(p) for p in parts if len(p) > 1 and p not in STOPWORDS)
-    return tokens
+    return [token for word in _WORD.findall(text) for token in _word_tokens(word)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,6 +327,7 @@ class CodeIndex:
         self.root = root
         self.embedder = embedder
         self.files: dict[str, tuple[tuple[int, int], list[Chunk]]] = {}  # rel -> (size, mtime_ns), chunks
+        self._tokens: dict[str, list[list[str]]] = {}  # rel -> each chunk's Chunk.tokens()
         self.skipped: list[str] = []  # files over INDEX_MAX_FILE_BYTES at the last refresh
         self.truncated = False  # the walk or the file count hit its cap
         self.chunks: list[Chunk] = []
@@ -336,13 +341,15 @@ class CodeIndex:
             entries, self.truncated = entries[:INDEX_MAX_FILES], True
         changed = set(self.files) - {e.rel for e in entries}
         for rel in changed:
-            del self.files[rel]
+            del self.files[rel], self._tokens[rel]
         for entry in entries:
             stamp = (entry.size, entry.mtime_ns)
             if entry.rel in self.files and self.files[entry.rel][0] == stamp:
                 continue
             text = read_text_file(entry.host, INDEX_MAX_FILE_BYTES)
-            self.files[entry.rel] = (stamp, chunk_file(entry.rel, text) if text is not None else [])
+            chunks = chunk_file(entry.rel, text) if text is not None else []
+            self.files[entry.rel] = (stamp, chunks)
+            self._tokens[entry.rel] = [c.tokens() for c in chunks]
             changed.add(entry.rel)
         self.skipped = [e.rel for e in entries if e.size > INDEX_MAX_FILE_BYTES]
         if changed or self._bm25 is None:
@@ -352,13 +359,15 @@ class CodeIndex:
     def forget(self, rel: str) -> None:
         """Chunk ``rel`` again at the next search, whatever its stamp says."""
         self.files.pop(rel, None)
+        self._tokens.pop(rel, None)
 
     def _bm25_scores(self, query_tokens: list[str]) -> np.ndarray:  # [chunks]
         import bm25s
 
         if self._bm25 is None:
             self._bm25 = bm25s.BM25()
-            self._bm25.index([c.tokens() or ["\0"] for c in self.chunks], show_progress=False)
+            tokens = [chunk for rel in sorted(self.files) for chunk in self._tokens[rel]]
+            self._bm25.index([chunk or ["\0"] for chunk in tokens], show_progress=False)
             self._weights = np.array([TEST_WEIGHT if is_test_path(c.path) else 1.0 for c in self.chunks])
         return np.asarray(self._bm25.get_scores(query_tokens), dtype=np.float64) * self._weights
 
