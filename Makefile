@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[dev,ray]" "torch==2.13.0"   # the pin again: no dependency may move torch
+	$(PIP) install -q -e ".[dev,ray,trackers]" "torch==2.13.0"   # the pin again: no dependency may move torch
 	touch $(STAMP)
 
 # The sandbox needs bubblewrap, the suite tests git (gold patches are applied with git apply) and
