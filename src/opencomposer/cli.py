@@ -97,11 +97,12 @@ def seed_list(text: str) -> list[int]:
 
 def _add_recipe_flag(
     p: argparse.ArgumentParser, flag: str, recipe_key: str, help: str, type: type = str, metavar: str | None = "N",
-    choices: tuple | None = None, action: type[_RecipeFlag] = _RecipeFlag,
+    choices: tuple | None = None, action: type[_RecipeFlag] = _RecipeFlag, same: str | None = None,
 ) -> None:
-    """Declare ``flag VALUE`` as shorthand for ``--set recipe_key=VALUE`` (``p`` has the recipe arguments)."""
+    """Declare ``flag VALUE`` as shorthand for ``--set recipe_key=VALUE`` (``p`` has the recipe
+    arguments); ``same`` is how the value reads after ``--set`` when it is written differently."""
     value = metavar or "VALUE"
-    same = f"[{value}, ...]" if action is _RecipeListFlag else value
+    same = same or (f"[{value}, ...]" if action is _RecipeListFlag else value)
     p.add_argument(flag, action=action, recipe_key=recipe_key, type=type, metavar=metavar, choices=choices,
                    help=f"{help}; same as --set {recipe_key}={same}")
 
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("source", help="harbor: suite folder; swebench: an eval's results.jsonl")
     e.add_argument("--out", required=True, help="harbor: output folder; swebench: predictions .jsonl file")
     e.add_argument("--model-name", help="swebench: model_name_or_path (default: the policy name)")
+    e.add_argument("--policy", help="swebench: the policy whose episodes to export, when results.jsonl holds several")
     _paths(e, source="input", out="output")
     e.set_defaults(handler="opencomposer.commands.tasks:export_main")
     g = tsub.add_parser("generate", help="generate verified tasks: bug injection, feature deletion, refactors")
@@ -266,8 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
                    help="a recipe key and its values, a grid axis (repeatable); adds to [ablation] vary, "
                         "replacing the values it gives a key")
+    p.add_argument("--cell", action="append", default=[], metavar="KEY=VALUE;KEY=VALUE",
+                   help="one cell of a grid that is not a product (repeatable); adds to [ablation] cells")
     _add_recipe_flag(p, "--seeds", "ablation.seeds", "seeds of every cell (run.seed)", type=seed_list,
-                     metavar="S1,S2")
+                     metavar="S1,S2", same="[S1, S2]")
     _add_recipe_flag(p, "--out", "ablation.out", "folder of the study (default {run.out_dir}/{run.name}-ablation)",
                      metavar="DIR")
     _add_recipe_flag(p, "--backend", "ablation.backend", "run the cells here one after another, or as Ray tasks",

@@ -188,6 +188,15 @@ def test_a_bad_vary_is_one_line_and_exit_2(vary: str, message: str, tmp_path: Pa
     assert not captured.out and not out.exists()
 
 
+def test_a_bad_cell_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path, capsys):
+    out = tmp_path / "study"
+    assert main(["ablate", "--cell", "rl.lr=fast;rl.steps=2", "--out", str(out), *sets(*SMALL)]) == 2
+    assert "ablation.cells rl.lr=fast;rl.steps=2: rl.lr: expected a number, got 'fast'" in capsys.readouterr().err
+    assert main(["ablate", "--cell", "rl.lr=1e-3", "--vary", "rl.lr=1e-4,3e-4", "--out", str(out), *sets(*SMALL)]) == 2
+    assert "both in a listed cell and varied" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def summaries(out: Path) -> dict[str, int]:
     return {str(path.relative_to(out)): path.stat().st_mtime_ns for path in sorted(out.glob("cells/*/*/summary.json"))}
 

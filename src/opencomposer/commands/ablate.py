@@ -57,13 +57,16 @@ class Job:
     run: int | None = None
 
 
-def study_config(config: Config, cli_vary: list[str]) -> AblationConfig:
+def study_config(config: Config, cli_vary: list[str], cli_cells: list[str] = ()) -> AblationConfig:
     """The recipe's ``[ablation]`` with ``--vary`` items added: one for a key the section already
-    varies replaces its values, the others come after the section's."""
+    varies replaces its values, the others come after the section's; ``--cell`` items come after
+    the section's cells."""
     section = config.ablation
     cli = {parse_vary(item)[0]: item for item in cli_vary}
     kept = [item for item in section.vary if parse_vary(item)[0] not in cli]
-    return replace(section, vary=[*kept, *cli.values()])
+    study = replace(section, vary=[*kept, *cli.values()], cells=[*section.cells, *cli_cells])
+    study.validate()
+    return study
 
 
 def check_values(recipe: str | None, overrides: list[str], study: AblationConfig) -> None:
@@ -258,7 +261,7 @@ def run_study(config: Config, study: AblationConfig, runs: list[CellRun], jobs: 
 
 def main(args: argparse.Namespace) -> int:
     config = load_recipe(args.recipe, args.overrides)
-    study = study_config(config, args.vary)
+    study = study_config(config, args.vary, args.cell)
     check_values(args.recipe, args.overrides, study)
     out = out_dir(config, study)
     runs, jobs = plan(args.recipe, args.overrides, study, out)

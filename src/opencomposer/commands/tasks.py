@@ -71,7 +71,8 @@ def export_main(args: argparse.Namespace) -> int:
                 exporters.export_harbor(task, Path(args.out) / task.id)
             print(f"exported {len(tasks)} task(s) to {args.out}")
         else:
-            count = exporters.export_swebench_predictions(Path(args.source), Path(args.out), args.model_name)
+            count = exporters.export_swebench_predictions(Path(args.source), Path(args.out), args.model_name,
+                                                         args.policy)
             print(f"wrote {count} prediction(s) to {args.out}")
     except (FileExistsError, ValueError) as e:  # a folder that is there already; predictions that are not
         print(f"opencomposer tasks export: {e}", file=sys.stderr)
