@@ -91,6 +91,8 @@ from opencomposer.pretrain.evaluation import Evaluator
 from opencomposer.pretrain.losses import LOSSES, StepData
 from opencomposer.pretrain.plan import Phase, phase_lr, pretraining_plan, recipe_toml
 from opencomposer.pretrain.recall import SOURCES as GENERATED_SOURCES
+from opencomposer.training.cost import CostMeter
+from opencomposer.training.cost import finish as finish_cost
 from opencomposer.training.metrics import Merge, MetricsLog, merge_ranks
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.progress import ProgressBar
@@ -213,6 +215,7 @@ class Trainer:
     run_dir: Path | None = None
     host: torch.nn.Module | None = None
     on_step: Callable[[int], None] | None = None
+    cost: CostMeter | None = None  # counts the positions trained (training.cost)
 
     def train(self, state: dict[str, Any], resumed_from: Path | None = None) -> PhasedResult:
         """Every phase from ``state`` (``checkpoints.FRESH`` or a checkpoint's) on; the result."""
@@ -338,6 +341,8 @@ class Trainer:
         if rows is not None:
             ids, positions = rows.next()
             crc, tokens = zlib.crc32(ids.numpy().tobytes()), ids[:, 1:].numel()
+            if self.cost is not None:  # the whole batch's rows, of ids[:, :-1] each
+                self.cost.train_rows("pretraining", [ids.shape[1] - 1] * ids.shape[0])
             if world.distributed:  # this rank's rows (every rank of a CP group the same)
                 ids = ids.tensor_split(world.dp_size)[world.dp_rank]
                 positions = positions.tensor_split(world.dp_size)[world.dp_rank]
@@ -348,6 +353,8 @@ class Trainer:
         chosen = demos.next_rows()
         crc = zlib.crc32(collate(chosen, self.pad_id).input_ids.numpy().tobytes(), crc)
         demo_tokens = sum(row.model_tokens for row in chosen)  # the whole batch's, on every rank
+        if self.cost is not None:
+            self.cost.train_rows("sft", [len(row) for row in chosen])
         if world.distributed:
             chosen = split_rows(chosen, world.dp_size)[world.dp_rank]
         parts = []
@@ -410,7 +417,7 @@ class Trainer:
 def train_in_memory(model: torch.nn.Module, tokenizer: Any, settings: PretrainConfig, plan: list[Phase], *,
                     seed: int = 0, corpus: Corpus | None = None, demonstrations: Callable[[], list] | None = None,
                     sft: SFTConfig | None = None, log: MetricsLog | None = None, progress: bool = False,
-                    world: World | None = None) -> PhasedResult:
+                    world: World | None = None, cost: CostMeter | None = None) -> PhasedResult:
     """Train ``model`` in place (on the device it is on) through ``plan``, without a run folder:
     no checkpoints, no resume. ``corpus``: the rows' files and the held-out ones; ``world``: this
     rank of a data- (and context-) parallel group, ``model`` then sharded in place."""
@@ -424,7 +431,7 @@ def train_in_memory(model: torch.nn.Module, tokenizer: Any, settings: PretrainCo
     corpora = generated_corpora(corpus, tokenizer, settings, seed) if corpus is not None else {}
     trainer = Trainer(model, tokenizer, optimizer, settings, plan, world, sft, seed, corpora=corpora,
                       demonstrations=demonstrations, evaluator=_evaluator(corpus, tokenizer, plan, settings, 0, seed),
-                      log=log or _NoLog(), progress=progress)
+                      log=log or _NoLog(), progress=progress, cost=cost)
     return trainer.train(dict(FRESH))
 
 
@@ -466,6 +473,9 @@ def run_phases(
     checkpoint = (latest_checkpoint(run_dir) if resumable else None) if world.main else world.broadcast(None)
     state = resume_state(checkpoint, plan)
     model, tokenizer = _build_model(config, tokenizer, device, checkpoint)
+    cost = CostMeter("pretrain", config.run, model, devices=world.size)  # before sharding: the whole model's N
+    if checkpoint is not None:
+        cost.resume(run_dir)
     if world.main and world.distributed:
         world.barrier()
         world.broadcast(checkpoint)
@@ -476,11 +486,16 @@ def run_phases(
                       corpora=generated_corpora(corpus, tokenizer, settings, config.run.seed),
                       demonstrations=lambda: demonstrations(config, tokenizer),
                       evaluator=_evaluator(corpus, tokenizer, plan, settings, probes, config.run.seed),
-                      progress=progress, run_dir=run_dir if resumable else None, host=host, on_step=on_step)
+                      progress=progress, run_dir=run_dir if resumable else None, host=host, on_step=on_step,
+                      cost=cost)
     resume_step = state["global_step"] if checkpoint is not None else None
-    with (MetricsLog(run_dir, resume_step=resume_step) if world.main else _NoLog()) as trainer.log:
+    with (MetricsLog(run_dir, resume_step=resume_step, trackers=config.run.trackers, recipe=recipe_toml(config),
+                     name=config.run.name) if world.main else _NoLog()) as trainer.log:
         result = trainer.train(state, checkpoint)
-    return _finish_run(config, trainer, result), tokenizer, result
+    model = _finish_run(config, trainer, result)
+    if world.main:
+        finish_cost(cost, run_dir, f"opencomposer pretrain: {run_dir}")
+    return model, tokenizer, result
 
 
 def _prepare_run(config: Config, corpus: Corpus | None, world: World, progress: bool) -> Corpus:

@@ -45,6 +45,8 @@ from opencomposer.numerics.convert import convert_model
 from opencomposer.pretrain.demonstrations import demonstration_tasks, demonstrations, record_demonstrations
 from opencomposer.pretrain.phases import PhasedResult, train_in_memory
 from opencomposer.pretrain.plan import sft_plan
+from opencomposer.training.cost import CostMeter
+from opencomposer.training.cost import finish as finish_cost
 from opencomposer.training.metrics import MetricsLog
 from opencomposer.types import Episode
 
@@ -61,6 +63,7 @@ def sft(
     progress: bool = True,
     log: MetricsLog | None = None,
     world: World | None = None,
+    cost: CostMeter | None = None,
 ) -> PhasedResult:
     """Train ``model`` in place on the model tokens of ``episodes`` (the ``sft`` phase of
     ``config``); returns the loss history, and writes it to ``log`` when given. ``world``: this
@@ -68,7 +71,7 @@ def sft(
     ``episodes``; ``model`` is then sharded in place."""
     settings, plan = sft_plan(config)
     return train_in_memory(model, tokenizer, settings, plan, seed=seed, demonstrations=lambda: episodes, sft=config,
-                           log=log, progress=progress, world=world)
+                           log=log, progress=progress, world=world, cost=cost)
 
 
 def sft_output(config: Config) -> Path:
@@ -90,6 +93,7 @@ def run_sft(config: Config, progress: bool = True, world: World | None = None
     spec = dataclasses.replace(config.model, kind="hf", path=init) if init else dataclasses.replace(config.model, path="")
     model, tokenizer = load_model(spec, seed=config.run.seed, device=device)
     convert_model(model, config.numerics)
+    cost = CostMeter("sft", config.run, model, devices=world.size)  # its wall time includes recording the demonstrations
     with tempfile.TemporaryDirectory(prefix="opencomposer-sft-") as scratch:
         # the sandboxed demonstrations run once, on rank 0 (the trainer sends them on)
         episodes = demonstrations(config, tokenizer) if world.main else None
@@ -99,9 +103,10 @@ def run_sft(config: Config, progress: bool = True, world: World | None = None
             return model, tokenizer, result, None
         # logged in scratch, then moved in with the weights: the output folder is whole or absent
         metrics = Path(scratch) / "metrics"
-        with MetricsLog(metrics) as log:
+        with MetricsLog(metrics, trackers=config.run.trackers, recipe=to_toml(config),
+                        name=f"{config.run.name}-sft") as log:
             result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress, log=log,
-                         world=world)
+                         world=world, cost=cost)
         if world.distributed:  # the whole weights, into the single-process model's layout
             whole, _ = load_model(spec, seed=config.run.seed, device=torch.device("cpu"))
             convert_model(whole, config.numerics)
@@ -114,6 +119,7 @@ def run_sft(config: Config, progress: bool = True, world: World | None = None
             (folder / "recipe.toml").write_text(to_toml(config))
             for item in metrics.iterdir():  # metrics.jsonl and tb/
                 shutil.move(item, folder / item.name)
+            finish_cost(cost, folder, f"opencomposer sft: {sft_output(config)}")
 
         # built aside and renamed into place: RL never starts from half a checkpoint after a crash
         out = atomic_directory(sft_output(config), write)

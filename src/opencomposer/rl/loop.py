@@ -60,6 +60,8 @@ from opencomposer.rl.checkpoint import (
 )
 from opencomposer.rl.report import hack_record
 from opencomposer.rl.tasks import Draw
+from opencomposer.training.cost import CostMeter
+from opencomposer.training.cost import finish as finish_cost
 from opencomposer.training.metrics import MetricsLog, read_metrics
 from opencomposer.training.progress import ProgressBar
 from opencomposer.types import EpisodeStatus, Group, InfrastructureDown
@@ -149,6 +151,9 @@ class RLRun:
             reference = frozen_copy(reference)
         from opencomposer.rl.trainer import Trainer
 
+        self.cost = CostMeter("rl", config.run, self.model, devices=self.world.size)  # before the trainer shards it
+        if checkpoint is not None:
+            self.cost.resume(self.run_dir)
         self.trainer = Trainer(self.model, self.tokenizer, config, reference=reference, world=self.world)
         self.state = RunState()
         if checkpoint is not None:
@@ -161,7 +166,8 @@ class RLRun:
 
         self.grades = GradeCache() if config.grading.cache else None
         self.grader = self.grades.grade if self.grades else grade
-        self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None)
+        self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None, trackers=config.run.trackers,
+                              recipe=to_toml(config), name=config.run.name)
         self.evaluations = read_metrics(self.log.path, kind="eval") if checkpoint else []
 
     def _check_stream_matches_record(self, checkpoint: Path) -> None:
@@ -221,6 +227,7 @@ class RLRun:
             self.log.close()
             self._lock.close()
         self.trainer.stop()  # only on success: after a failure rank 0 exits and the launcher ends the rest
+        finish_cost(self.cost, self.run_dir, f"opencomposer rl: {self.run_dir}")
         return self._summary(time.perf_counter() - started)
 
     def _summary(self, seconds: float) -> RLSummary:
@@ -277,6 +284,7 @@ class RLRun:
         state.trained += records
         state.sampling = self.stream.state_dict()
         self._write_rollouts(batch.groups)
+        self._count_cost(batch.groups, skipped=bool(train_metrics["skipped"]))
         metrics = {
             **scored.metrics,
             "loss": loss,
@@ -290,6 +298,19 @@ class RLRun:
         self.log.log(step, "train", metrics)
         return metrics
 
+    def _count_cost(self, groups: list[Group], skipped: bool) -> None:
+        """The step's sampling, reference forward and training, in the ``training.cost`` accounting:
+        every segment of a scored episode is a row the reference scores and, unless the step
+        skipped its update, the policy trains."""
+        rows = [len(s.prompt_ids) + sum(len(t.token_ids) + len(t.observation_ids) for t in s.turns)
+                for group in groups for episode in group.episodes if episode.scored for s in episode.segments]
+        for episode in (e for group in groups for e in group.episodes):
+            self.cost.episode(episode)
+        if self.rl.kl.reference == "initial":
+            self.cost.forward_rows("reference", rows)
+        if not skipped:
+            self.cost.train_rows("trained", rows)
+
     def checkpoint(self) -> Path:
         self.log.sync()
         trainer_state = self.trainer.state_dict()
@@ -298,6 +319,7 @@ class RLRun:
                                         trainer_state, self.rl.keep_checkpoints,
                                         self.trainer.save_optimizer if sharded else None)
         self.source.checkpointed()
+        self.cost.write(self.run_dir)  # a resume adds to it
         return path
 
     def _write_rollouts(self, groups: list[Group]) -> None:

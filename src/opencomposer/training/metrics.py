@@ -14,6 +14,16 @@ Two guarantees for resumable runs (RL):
 
 ``read_metrics`` reads the rows back. Where each trainer's folder is: docs/trainer.md.
 
+**Trackers** (``run.trackers``): every row also goes, once, at its step, to each tracker named:
+TensorBoard (``{folder}/tb``, the default), Weights & Biases (project ``opencomposer``, the run's
+name; ``WANDB_MODE=offline`` writes the run under ``WANDB_DIR``, else ``{folder}``, without a
+network) and MLflow (experiment ``opencomposer``; ``MLFLOW_TRACKING_URI``, else a file store in
+``{folder}/mlruns``). Their names are ``{kind}/{metric}``, as in TensorBoard. The resolved recipe
+goes to each once, when the log opens: W&B's run config, MLflow's ``recipe.toml`` artifact. W&B
+and MLflow are the ``trackers`` extra (``pip install 'opencomposer[trackers]'``; ``mlflow-skinny``
+is enough) and are imported only when named. A resumed run opens a new W&B or MLflow run, from
+the step it resumes at (their logs cannot be cut back the way ``metrics.jsonl`` is).
+
 ``merge_ranks`` combines what each rank of a data-parallel group measured into the row one
 process would have logged.
 """
@@ -23,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -94,8 +104,13 @@ def read_metrics(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
 class MetricsLog:
     """``{folder}/metrics.jsonl`` plus ``{folder}/tb``; see the module doc."""
 
-    def __init__(self, folder: Path, resume_step: int | None = None, *, tensorboard: bool = True):
+    def __init__(self, folder: Path, resume_step: int | None = None, *, tensorboard: bool = True,
+                 trackers: Sequence[str] | None = None, recipe: str = "", name: str = ""):
+        """``trackers``: ``run.trackers`` (module doc); None keeps TensorBoard as ``tensorboard``
+        says. ``recipe``: the resolved recipe's TOML, for the trackers; ``name``: the run's name."""
         folder = Path(folder)
+        if trackers is not None:
+            tensorboard = "tensorboard" in trackers
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / METRICS_FILE
         kept = []
@@ -109,6 +124,8 @@ class MetricsLog:
 
             purge = None if resume_step is None else resume_step + 1
             self.writer = SummaryWriter(str(folder / "tb"), purge_step=purge)
+        self.trackers = [TRACKERS[tracker](folder, name or folder.name, recipe)
+                         for tracker in trackers or () if tracker != "tensorboard"]
         self.file = self.path.open("a")
 
     def log(self, step: int, kind: str, metrics: dict[str, float]) -> None:
@@ -119,6 +136,8 @@ class MetricsLog:
             for name, value in metrics.items():
                 self.writer.add_scalar(f"{kind}/{name}", value, step)
             self.writer.flush()
+        for tracker in self.trackers:
+            tracker.log(step, {f"{kind}/{name}": float(value) for name, value in metrics.items()})
 
     def sync(self) -> None:
         """Make every line logged so far durable (before a checkpoint; see module doc)."""
@@ -131,9 +150,62 @@ class MetricsLog:
         self.file.close()
         if self.writer is not None:
             self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
 
     def __enter__(self) -> MetricsLog:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class WandbTracker:
+    """Rows to a Weights & Biases run (module doc); ``WANDB_MODE`` and ``WANDB_DIR`` as W&B reads them."""
+
+    def __init__(self, folder: Path, name: str, recipe: str):
+        import tomllib
+
+        import wandb
+
+        self.run = wandb.init(project="opencomposer", name=name, dir=os.environ.get("WANDB_DIR", str(folder)),
+                              config=tomllib.loads(recipe) if recipe else None)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    """Rows to an MLflow run (module doc). Without ``MLFLOW_TRACKING_URI``, a file store in
+    ``{folder}/mlruns``: the one store ``mlflow-skinny`` has locally (it lacks the SQL one), which
+    MLflow 3 opens only with ``MLFLOW_ALLOW_FILE_STORE=true``, so that is set for this process."""
+
+    def __init__(self, folder: Path, name: str, recipe: str):
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            uri = (Path(folder) / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name("opencomposer")
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment("opencomposer")
+        self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
+        if recipe:
+            self.client.log_text(self.run_id, recipe, "recipe.toml")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(name, value, now, step) for name, value in metrics.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+TRACKERS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
+"""``run.trackers`` names besides ``tensorboard`` → the class that logs to it."""
