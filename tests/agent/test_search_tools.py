@@ -465,3 +465,14 @@ def test_an_http_policy_is_sent_the_enabled_tools(workspace: Path):
         policy.act(Context(task=task, messages=[], token_ids=None, turn_index=0, max_new_tokens=16,
                            tools=tool_schemas(tools)))
     assert [[s["function"]["name"] for s in body["tools"]] for body in sent] == [SEARCH_TOOLS, ["read_file", "finish"]]
+
+
+def test_the_system_prompt_names_the_search_tools_only_when_enabled():
+    from opencomposer.agent.protocol import SYSTEM_PROMPT, system_prompt_for
+    from opencomposer.config.agent import DEFAULT_TOOLS
+
+    assert system_prompt_for(DEFAULT_TOOLS) == system_prompt_for(None) == SYSTEM_PROMPT  # trained prompts unchanged
+    both = system_prompt_for([*DEFAULT_TOOLS, "codebase_search", "find_files"])
+    assert "codebase_search" in both and "find_files" in both and both != SYSTEM_PROMPT
+    assert "codebase_search" not in system_prompt_for([*DEFAULT_TOOLS, "find_files"])
+    assert "find_files" not in system_prompt_for([*DEFAULT_TOOLS, "codebase_search"])

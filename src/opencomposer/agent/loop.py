@@ -235,7 +235,7 @@ class AgentLoop:
 
     # ------------------------------------------------------------------------------------------
     def initial_messages(self) -> list[Message]:
-        return initial_messages(self.task.instruction, self.config.system_prompt or None)
+        return initial_messages(self.task.instruction, self.config.system_prompt or None, self.config.tools)
 
     def open_segment(self, messages: list[Message]) -> None:
         """Start a new context window from ``messages`` (the first one, or after a summary)."""

@@ -58,8 +58,28 @@ CALL_FORMAT_HINT = (
 NO_CALL_MESSAGE = "Your message contains no tool call. " + CALL_FORMAT_HINT
 
 
-def initial_messages(instruction: str, system_prompt: str | None = None) -> list[Message]:
-    return [Message("system", system_prompt or SYSTEM_PROMPT), Message("user", instruction)]
+SEARCH_TOOLS_LINE = ("- Explore before you change: list folders, find files by name with find_files, search the "
+                     "code by what it does with codebase_search or by text with grep, and read files.")
+
+
+def system_prompt_for(tools: tuple[str, ...] | list[str] | None = None) -> str:
+    """The built-in system prompt for the enabled ``tools``: the exploring line names the search
+    tools when one is enabled; with the default tools it is ``SYSTEM_PROMPT`` exactly."""
+    enabled = [name for name in ("find_files", "codebase_search") if name in (tools or ())]
+    if not enabled:
+        return SYSTEM_PROMPT
+    line = SEARCH_TOOLS_LINE
+    if enabled == ["find_files"]:
+        line = "- Explore before you change: list folders, find files by name with find_files, read files, search with grep."
+    elif enabled == ["codebase_search"]:
+        line = ("- Explore before you change: list folders, read files, search the code by what it does with "
+                "codebase_search or by text with grep.")
+    return SYSTEM_PROMPT.replace("- Explore before you change: list folders, read files, search with grep.", line)
+
+
+def initial_messages(instruction: str, system_prompt: str | None = None,
+                     tools: tuple[str, ...] | list[str] | None = None) -> list[Message]:
+    return [Message("system", system_prompt or system_prompt_for(tools)), Message("user", instruction)]
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
