@@ -28,8 +28,9 @@ The steps after it are replayed from the same stream position with the same epis
 Outputs under ``{run.out_dir}/{run.name}``: ``recipe.toml``, ``initial/`` (the starting policy,
 also the KL reference), ``checkpoints/``, ``metrics.jsonl``, ``tb/`` (TensorBoard),
 ``rollouts/step-NNNNNN.jsonl`` (one line per episode; a diff the hack monitor flagged is kept there
-with its reasons, for ``report.html``), ``summary.json``. ``opencomposer report RUN``
-draws the curves.
+with its reasons, for ``report.html``), ``summary.json``, ``cost.json`` (``training.cost``: tokens,
+FLOPs, time, memory; written at each checkpoint and at the end, a resume adding to it) and
+``report.html`` with its cost table. ``opencomposer report RUN`` draws the curves.
 """
 
 from __future__ import annotations
