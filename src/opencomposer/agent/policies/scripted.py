@@ -163,9 +163,9 @@ def load_script(path: Path) -> list[ScriptTurn]:
     ``calls`` (a non-empty list of ``{"name": TOOL, "arguments": {...}}``) and an optional
     ``note`` and ``scratch`` (strings, ``NotedTurn``). Raises ``ValueError`` naming the file and
     the turn for anything else."""
-    from opencomposer.agent.tools import tool_schemas
+    from opencomposer.agent.tools import TOOL_NAMES, tool_schemas
 
-    tools = {schema["function"]["name"] for schema in tool_schemas()}
+    tools = {schema["function"]["name"] for schema in tool_schemas(TOOL_NAMES)}  # every tool; agent.tools decides at run time
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
