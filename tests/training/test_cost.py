@@ -158,4 +158,5 @@ def test_rl_writes_its_cost(tmp_path):
                                 "rl.steps=1", "rl.eval_every=0", f"run.out_dir={tmp_path}", "run.name=rl"])
     run_rl(config, progress=False)
     cost = _check_cost(tmp_path / "rl", "rl", {"prefilled", "sampled", "reference", "trained"})
+    assert "Hack monitor" in (tmp_path / "rl" / "report.html").read_text()
     assert cost["tokens"]["trained"] == cost["tokens"]["reference"] >= cost["tokens"]["sampled"] > 0

@@ -59,10 +59,9 @@ from opencomposer.rl.checkpoint import (
     remove_partial,
     save_training_checkpoint,
 )
-from opencomposer.rl.report import hack_record
+from opencomposer.rl.report import hack_record, write_run_page
 from opencomposer.rl.tasks import Draw
 from opencomposer.training.cost import CostMeter
-from opencomposer.training.cost import finish as finish_cost
 from opencomposer.training.metrics import MetricsLog, read_metrics
 from opencomposer.training.progress import ProgressBar
 from opencomposer.types import EpisodeStatus, Group, InfrastructureDown
@@ -228,7 +227,8 @@ class RLRun:
             self.log.close()
             self._lock.close()
         self.trainer.stop()  # only on success: after a failure rank 0 exits and the launcher ends the rest
-        finish_cost(self.cost, self.run_dir, f"opencomposer rl: {self.run_dir}")
+        self.cost.write(self.run_dir)
+        write_run_page(self.run_dir)
         return self._summary(time.perf_counter() - started)
 
     def _summary(self, seconds: float) -> RLSummary:

@@ -11,6 +11,9 @@ The hack monitor (``grading.hack_monitor``) is on the pass-rate panel (``hack_su
 ``hack_monitor_section`` puts it on an HTML report (``training.html``; the quickstart's
 ``report.html``): the rate per step and every flagged episode with its reasons and its diff, one
 click away. The rollout records keep the diff of a flagged episode for it (``hack_record``).
+
+An RL run ends by writing ``{run}/report.html`` (``write_run_page``): the hack monitor's findings
+and the run's cost table (``training.cost``; ``run_cost_section`` adds it to any report).
 """
 
 from __future__ import annotations
@@ -168,3 +171,24 @@ def hack_monitor_section(report, run_dir: Path, limit: int = 50) -> None:
                        f"{'; '.join(row['hack_reasons'])}", row.get("diff") or "(no diff recorded)")
     if len(flagged) > limit:
         report.text(f"... and {len(flagged) - limit} more flagged episodes in rollouts/.", note=True)
+
+
+def run_cost_section(report, run_dir: Path) -> None:
+    """Add the cost table of the run in ``run_dir`` (its ``cost.json``) to ``report``, a
+    ``training.html.HtmlReport``; a run without one (written before costs were kept) adds nothing."""
+    from opencomposer.training.cost import COST_FILE, cost_section
+
+    path = Path(run_dir) / COST_FILE
+    if path.is_file():
+        cost_section(report, json.loads(path.read_text()))
+
+
+def write_run_page(run_dir: Path) -> Path:
+    """``{run}/report.html`` of an RL run: the hack monitor's findings, then the cost table."""
+    from opencomposer.training.html import HtmlReport
+
+    report = HtmlReport(f"opencomposer rl: {run_dir}")
+    report.section("hack-monitor", "Hack monitor")
+    hack_monitor_section(report, run_dir)
+    run_cost_section(report, run_dir)
+    return report.write(Path(run_dir) / "report.html")
