@@ -69,6 +69,7 @@ from opencomposer.types import Group, Task
 
 DrawnBy = Literal["order", "harder_later"]
 HEURISTIC_WEIGHT = 0.25  # of each of turns and tokens in the difficulty (module doc)
+POOL = "*"  # the level of likeness every task shares
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,6 @@ class DifficultyEstimator:
             return next((key for key in levels if key in self.sums), POOL)
 
         return [estimate(first_observed(levels)) for levels in tasks]
-
-
-POOL = "*"  # the level every task shares
 
 
 def _relative(value: float, mean: float) -> float:
@@ -213,10 +211,11 @@ class TaskStream:
             task = self._tasks[k]
             family = "/".join(str(task.metadata.get(name, "")) for name in ("family", "kind", "difficulty"))
             return f"task:{task.id}", f"{family}/max_turns={task.budgets.max_turns}", f"family:{family}"
+        from opencomposer.tasks.generators.long import LongSpec
         from opencomposer.tasks.generators.tiny import BUDGETS, tiny_spec
 
         spec = tiny_spec(self.config.run.seed, "train", k, self.config.rl.task_family)
-        turns = spec.budgets["max_turns"] if hasattr(spec, "budgets") else BUDGETS["max_turns"]
+        turns = spec.budgets["max_turns"] if isinstance(spec, LongSpec) else BUDGETS["max_turns"]
         return f"task:{spec.task_id}", f"{spec.family}/max_turns={turns}", f"family:{spec.family}"
 
     def draw(self, step: int) -> list[Draw]:
