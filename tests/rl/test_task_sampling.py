@@ -105,12 +105,17 @@ def test_harder_later_draws_every_task_once_and_in_order_before_its_step(tmp_pat
 def test_harder_tasks_are_drawn_earlier(tmp_path):
     """In the first 80 steps (320 of 1,288 tasks, about a quarter of each K in pool order), the
     draws from step 2 on take K = 6 tasks (never solved) more than twice as often as K = 3 tasks
-    (always solved), and K = 5 and 6 together make most of them."""
+    (always solved), and K = 5 and 6 together make most of them; drawn in order, each K makes about
+    a quarter."""
     stream = _stream(tmp_path, "rl.harder_from_step=2", "rl.harder_weight=1.0")
     _train(stream, range(1, 81), np.random.default_rng(1))
     position = {k: [i for i, d in enumerate(stream.draws) if _k(stream, d.pool_index) == k] for k in PASS_RATE}
     assert len(position[6]) > 2 * len(position[3])
     assert len(position[6]) + len(position[5]) > 0.6 * 320
+    in_order = _stream(tmp_path, "rl.harder_from_step=1000")  # the same pool, never by difficulty
+    _train(in_order, range(1, 81), np.random.default_rng(1))
+    counts = [sum(_k(in_order, d.pool_index) == k for d in in_order.draws) for k in PASS_RATE]
+    assert all(60 <= count <= 100 for count in counts), counts  # about 80 of each K
 
 
 def test_first_draw_of_a_step_follows_the_weights_of_a_reference_computation(tmp_path):
