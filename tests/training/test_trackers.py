@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,6 +71,9 @@ def test_wandb_offline_gets_each_row_once_at_its_step_and_the_recipe(tmp_path, m
     assert calls == [(step, {f"{kind}/{name}": value for name, value in metrics.items()}) for step, kind, metrics in ROWS]
     assert len(configs) == 1 and configs[0]["rl"]["lr"] == 3e-4 and configs[0]["run"]["name"] == "tracked"
     (stored,) = glob.glob(str(tmp_path / "wandb-dir" / "wandb" / "offline-run-*" / "run-*.wandb"))
+    deadline = time.monotonic() + 30  # W&B's service process may still be writing the file out
+    while b"train/reward/resolved" not in open(stored, "rb").read() and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert b"train/reward/resolved" in open(stored, "rb").read()  # the offline run holds the rows
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
