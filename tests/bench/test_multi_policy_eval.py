@@ -102,12 +102,16 @@ def test_oracle_and_noop_compared_on_every_axis_resumed_and_filtered_by_date(
     page = (out / "report.html").read_text()
     assert "Pareto front" in page and page.count('src="data:image/png;base64,') == 2
     assert "On the Pareto front (no other policy is as cheap and as accurate, and better in one): oracle." in page
+    cost = json.loads((out / "cost.json").read_text())  # the run's compute (training.cost), in the page too
+    assert cost["kind"] == "eval" and cost["flops"] is None and cost["processes"] == 1  # scripted: no model
+    assert cost["wall_s"] > 0 and "Cost" in page and "device-hours" in page
 
     episodes_run.clear()
     assert main(command) == 0  # everything is there: nothing runs again, the outputs are rewritten alike
     assert episodes_run == []
     assert len((out / "results.jsonl").read_text().splitlines()) == 8
     assert json.loads((out / "summary.json").read_text())["policies"]["oracle"]["pass_at_1"] == 1.0
+    assert json.loads((out / "cost.json").read_text())["processes"] == 2  # a resumed eval adds to its cost
 
     with (out / "results.jsonl").open("a") as f:
         f.write('{"task_id": "torn')  # a kill mid-write

@@ -12,7 +12,9 @@ Outputs, under the output folder:
   ``broken_tool_calls``, ``cached_tokens``, ``dollars``, ``first_edit_s``;
 - ``episodes/POLICY/TASK/pass-N/``: ``reward.json`` and ``trajectory.json`` (the chat transcript);
 - ``summary.json`` (``{"policies": {NAME: summary}}``, ``bench.summary``), a printed table per
-  policy and, for several, the per-axis comparison; ``report.html`` (``bench.pareto``).
+  policy and, for several, the per-axis comparison; ``report.html`` (``bench.pareto``);
+  ``cost.json``, the run's compute (``training.cost``: tokens sampled, prefilled and cached, FLOPs
+  of a local model, wall and device time), added to by a resumed run.
 
 **Resuming.** An output folder that already holds a ``results.jsonl`` is resumed: an episode whose
 (policy, task, sample) has a row there is not run again (infrastructure errors included: delete
@@ -54,6 +56,7 @@ from opencomposer.config import Config
 from opencomposer.config.bench import Price
 from opencomposer.episode import run_episode
 from opencomposer.io import atomic_write_text
+from opencomposer.training.cost import CostMeter
 from opencomposer.training.progress import ProgressBar
 from opencomposer.types import Episode, EpisodeStatus, Task
 
@@ -65,6 +68,7 @@ class EvalResult:
     rows: list[dict[str, Any]]
     summaries: dict[str, dict[str, Any]]  # policy name -> bench.summary.summarize of its rows
     out_dir: Path
+    cost: dict[str, Any] | None = None  # the run's compute (training.cost), also in cost.json
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -182,6 +186,8 @@ def run_eval(
     jobs = [(policy, price, task, p) for policy, price in zip(policies, prices, strict=True)
             for p in range(passes) for task in tasks if (policy.name, task.id, p) not in done]
     lock = threading.Lock()
+    meter = CostMeter("eval", config.run, _local_model(policies))
+    meter.resume(out_dir)
 
     def one(policy: Policy, price: Price | None, task: Task, pass_index: int) -> dict[str, Any]:
         episode_dir = out_dir / "episodes" / _folder_name(policy.name) / task.id / f"pass-{pass_index}"
@@ -201,6 +207,7 @@ def run_eval(
             with results_path.open("a") as f:
                 f.write(json.dumps(row, default=str) + "\n")
             rows.append(row)
+            meter.episode(episode)
         return row
 
     status = "{task} ({ended_by}, {turns} turns, {format_errors} format errors)  resolved so far {resolved:.2f}"
@@ -222,7 +229,16 @@ def run_eval(
         summaries[name] = summarize([row for row in rows if row["policy"] == name])
         summaries[name]["policy"] = name
     atomic_write_text(out_dir / "summary.json", json.dumps({"policies": summaries}, indent=2) + "\n")
-    return EvalResult(rows, summaries, out_dir)
+    return EvalResult(rows, summaries, out_dir, meter.write(out_dir))
+
+
+def _local_model(policies: list[Policy]) -> Any:
+    """The model of the first policy that samples from a local one (its FLOPs are counted), else None."""
+    for policy in policies:
+        model = getattr(getattr(policy, "engine", None), "model", None)
+        if model is not None:
+            return model
+    return None
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, int]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from opencomposer.bench.summary import axes_rows
+from opencomposer.training.cost import cost_section
 from opencomposer.training.html import HtmlReport
 
 
@@ -109,8 +110,10 @@ def draw_front(chart_points: list[Point], path: Path, title: str, xlabel: str, f
     return path
 
 
-def write_report(out: Path, summaries: dict[str, dict[str, Any]], title: str, note: str = "") -> Path:
-    """``{out}/report.html`` (module doc), its figures also under ``{out}/report/``."""
+def write_report(out: Path, summaries: dict[str, dict[str, Any]], title: str, note: str = "",
+                 cost: dict[str, Any] | None = None) -> Path:
+    """``{out}/report.html`` (module doc), its figures also under ``{out}/report/``; with ``cost``
+    (``training.cost``), the run's compute table last."""
     out = Path(out)
     report = HtmlReport(title)
     report.section("axes", "Every axis")
@@ -131,4 +134,6 @@ def write_report(out: Path, summaries: dict[str, dict[str, Any]], title: str, no
     report.image(draw_front(points(summaries, "wall_s"), out / "report" / "accuracy-latency.png",
                             "Pareto front: accuracy versus latency", "wall seconds per episode"),
                  "accuracy versus latency")
+    if cost is not None:
+        cost_section(report, cost)
     return report.write(out / "report.html")

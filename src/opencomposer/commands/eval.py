@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     after = f", tasks dated on or after {settings.after}" if settings.after else ""
     page = write_report(out_dir, result.summaries, title=f"opencomposer eval: {settings.suite}",
                         note=f"{len(tasks)} tasks × {settings.passes} samples per policy{after}; "
-                             f"the same seeds for every policy.")
+                             f"the same seeds for every policy.", cost=result.cost)
     print(f"results: {out_dir / 'results.jsonl'}\nreport:  {page}")
     return 0
 
