@@ -50,8 +50,10 @@ def test_quickstart_runs_every_stage_and_leaves_its_outputs(tmp_path, capsys):
     assert "pretraining 24/24" in out and "sft 2/2" in out and "rl 1/1" in out
 
     page = (run / "report.html").read_text()
-    for section in ("pretrain", "samples", "sft", "rl", "heldout", "recipe"):
+    for section in ("pretrain", "samples", "sft", "rl", "heldout", "cost", "recipe"):
         assert f'<section id="{section}">' in page, section
+    for stage in ("pretraining", "SFT", "RL"):  # each stage's cost.json, its table on the page
+        assert f"{stage} (" in page and "device-hours" in page, stage
     # self-contained: every image inline, every link an anchor of the page itself
     sources = re.findall(r'src="([^"]*)"', page)
     assert len(sources) == 3 and all(s.startswith("data:image/png;base64,") for s in sources)  # pretrain, SFT, RL

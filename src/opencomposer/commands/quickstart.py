@@ -30,6 +30,25 @@ from opencomposer.config import Config, load_recipe, to_toml
 DEFAULT_RECIPE = "quickstart.toml"  # shipped in opencomposer/recipes/
 
 
+def _cost_sections(report, run_dir: Path) -> None:
+    """What each stage cost (its ``cost.json``, ``training.cost``): pretraining in the run folder,
+    SFT in ``sft/`` and RL in ``rl/``; the formula once, after them."""
+    import json
+
+    from opencomposer.training.cost import COST_FILE, FORMULA, cost_rows
+
+    stages = [(name, folder / COST_FILE) for name, folder in
+              (("pretraining", run_dir), ("SFT", run_dir / "sft"), ("RL", run_dir / "rl"))]
+    stages = [(name, path) for name, path in stages if path.is_file()]
+    if not stages:
+        return
+    report.section("cost", "Cost")
+    for name, path in stages:
+        report.text(f"{name} ({path}):")
+        report.table(["quantity", "value"], cost_rows(json.loads(path.read_text())))
+    report.code(FORMULA, caption="How it is computed (opencomposer.training.cost)")
+
+
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -71,6 +90,7 @@ def main(args: argparse.Namespace) -> int:
     )
     if config.sft.task_family and config.rl.steps > 0:
         _sft_rl_report(config, Path(checkpoint), console, report)
+    _cost_sections(report, run_dir)
     seconds = time.perf_counter() - started
     report.section("recipe", "Recipe")
     report.text(f"The whole run took {seconds:.0f} s. Resolved recipe ({run_dir / 'recipe.toml'}):")
