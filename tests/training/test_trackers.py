@@ -89,3 +89,23 @@ def test_the_core_does_not_import_the_trackers():
     code = ("import sys; from opencomposer.training.metrics import MetricsLog; import opencomposer.rl.loop; "
             "print(sorted(m for m in ('wandb', 'mlflow') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_a_log_moved_after_its_run_keeps_its_mlflow_store_where_it_stays(tmp_path, monkeypatch):
+    """SFT logs in a scratch folder it moves into the checkpoint: its MLflow store is given a folder
+    that stays (``tracker_folder``), so the run's artifacts are still there after the move."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    scratch, stays = tmp_path / "scratch", tmp_path / "runs"
+    with MetricsLog(scratch, trackers=["mlflow"], recipe='[run]\nname = "moved"\n', name="moved",
+                    tracker_folder=stays) as log:
+        log.log(1, "train", {"loss": 1.0})
+    shutil.move(scratch, tmp_path / "checkpoint")
+    client = MlflowClient(tracking_uri=(stays / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("opencomposer").experiment_id])
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1.0]
+    assert open(client.download_artifacts(run.info.run_id, "recipe.toml", str(tmp_path))).read().startswith("[run]")

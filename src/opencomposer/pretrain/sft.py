@@ -104,7 +104,7 @@ def run_sft(config: Config, progress: bool = True, world: World | None = None
         # logged in scratch, then moved in with the weights: the output folder is whole or absent
         metrics = Path(scratch) / "metrics"
         with MetricsLog(metrics, trackers=config.run.trackers, recipe=to_toml(config),
-                        name=f"{config.run.name}-sft") as log:
+                        name=f"{config.run.name}-sft", tracker_folder=Path(config.run.out_dir)) as log:
             result = sft(model, tokenizer, episodes, config.sft, seed=config.run.seed, progress=progress, log=log,
                          world=world, cost=cost)
         if world.distributed:  # the whole weights, into the single-process model's layout

@@ -105,9 +105,12 @@ class MetricsLog:
     """``{folder}/metrics.jsonl`` plus ``{folder}/tb``; see the module doc."""
 
     def __init__(self, folder: Path, resume_step: int | None = None, *, tensorboard: bool = True,
-                 trackers: Sequence[str] | None = None, recipe: str = "", name: str = ""):
+                 trackers: Sequence[str] | None = None, recipe: str = "", name: str = "",
+                 tracker_folder: Path | None = None):
         """``trackers``: ``run.trackers`` (module doc); None keeps TensorBoard as ``tensorboard``
-        says. ``recipe``: the resolved recipe's TOML, for the trackers; ``name``: the run's name."""
+        says. ``recipe``: the resolved recipe's TOML, for the trackers; ``name``: the run's name;
+        ``tracker_folder``: where W&B and MLflow keep their local files (default ``folder``), for a
+        log written in a scratch folder that is moved afterwards (SFT), whose stores must not move."""
         folder = Path(folder)
         if trackers is not None:
             tensorboard = "tensorboard" in trackers
@@ -124,7 +127,7 @@ class MetricsLog:
 
             purge = None if resume_step is None else resume_step + 1
             self.writer = SummaryWriter(str(folder / "tb"), purge_step=purge)
-        self.trackers = [TRACKERS[tracker](folder, name or folder.name, recipe)
+        self.trackers = [TRACKERS[tracker](Path(tracker_folder or folder), name or folder.name, recipe)
                          for tracker in trackers or () if tracker != "tensorboard"]
         self.file = self.path.open("a")
 
