@@ -139,7 +139,9 @@ def snapshot_archive(tree: dict[str, bytes]) -> bytes:
 def pack_main(args: argparse.Namespace) -> int:
     suite = Path(args.suite)
     for mined in sorted((Path(args.work) / "mined").iterdir()):
-        folders = sorted(p.parent for p in mined.glob("*/task.toml"))
+        # only tasks a finished run reported: a folder is in place before its last validations end
+        made = {r["task_id"] for report in mined.glob("mining*.json") for r in json.loads(report.read_text())}
+        folders = sorted(p.parent for p in mined.glob("*/task.toml") if p.parent.name in made)
         if not folders:
             continue
         repo = REPOSITORIES[mined.name]
