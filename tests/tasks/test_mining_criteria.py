@@ -133,6 +133,8 @@ def test_developer_prompt_drops_what_a_request_would_not_say():
     prompt = developer_prompt(long)
     assert len(prompt) <= 400 and prompt.endswith("more.")
     assert developer_prompt("Signed-off-by: A <a@b>") == ""
+    assert developer_prompt("Merge pull request #234 from someone/deprecate-private_functions\n") == \
+        "Deprecate private functions."
 
 
 def test_the_solvability_check_and_the_kind_read_the_code():

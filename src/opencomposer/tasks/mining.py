@@ -172,7 +172,11 @@ def developer_prompt(message: str, limit: int = PROMPT_CHARS) -> str:
             paragraphs.append(current)
             current = []
     if paragraphs and MERGE_SUBJECT.match(paragraphs[0][0]):
+        branch = re.search(r" from [^/\s]+/(\S+)$", paragraphs[0][0])
         paragraphs = paragraphs[1:]
+        if not paragraphs and branch:  # no request title in the message: the branch's name is the request
+            words = re.sub(r"[-_/]+", " ", branch[1]).strip()
+            paragraphs = [[words[:1].upper() + words[1:]]] if words else []
     cleaned = []
     for paragraph in paragraphs:
         text = [_tidy(ISSUE_REFS.sub("", line)) for line in paragraph]
