@@ -4,6 +4,7 @@ Two steps, each rerunnable (docs/realbench.md):
 
     python scripts/build_realbench.py mine REPO [REPO ...] --clones DIR --work DIR [--candidates N]
     python scripts/build_realbench.py pack --work DIR [--suite DIR]
+    python scripts/build_realbench.py readme        # the suite's line and medians in suites/README.md
 
 ``mine`` clones each repository (``--clones`` holds ``<name>/`` clones, made from the GitHub
 mirror ``--mirror`` when missing), picks the newest ``--candidates`` changes on the first-parent
@@ -71,6 +72,10 @@ REPOSITORIES = {r.name: r for r in [
     Repository("pyparsing", "pyparsing/pyparsing", "MIT", "LICENSE", "parser library, flat"),
     Repository("attrs", "python-attrs/attrs", "MIT", "LICENSE", "library, src layout, hypothesis tests"),
     Repository("python-tabulate", "astanin/python-tabulate", "MIT", "LICENSE", "library + CLI, one module"),
+    Repository("parse", "r1chardj0n3s/parse", "MIT", "LICENSE", "one-module library"),
+    Repository("schema", "keleshev/schema", "MIT", "LICENSE-MIT", "one-module library with stubs"),
+    Repository("python-sortedcontainers", "grantjenks/python-sortedcontainers", "Apache-2.0", "LICENSE",
+               "data structures, src layout"),
 ]}
 
 
@@ -199,6 +204,40 @@ def _environment(task):
     return task_environment_spec(task)
 
 
+def readme_main(args: argparse.Namespace) -> int:
+    """The suite's line and medians in suites/README.md, from the packed suite."""
+    import re
+
+    from opencomposer.tasks.format import load_suite
+    from opencomposer.tasks.stats import summarize, task_stats
+
+    suite = Path(args.suite)
+    tasks = load_suite(suite)
+    rows = [task_stats(t) for t in tasks]
+    summary = summarize(rows)
+    lines, chars = summary["lines_changed"], summary["prompt_chars"]
+    repos = sorted({t.id.rsplit("-", 1)[0] for t in tasks})
+    kinds: dict[str, int] = {}
+    for task in tasks:
+        kinds[task.metadata["kind"]] = kinds.get(task.metadata["kind"], 0) + 1
+    scores = sorted(r.mutation_score for r in rows)
+    text = (f"Medians over all {len(rows)} tasks: **{lines.median:g} lines changed, "
+            f"{summary['files_touched'].median:g} files, {chars.median:g} prompt characters** (interquartile "
+            f"{lines.p25:g}-{lines.p75:g} lines, {chars.p25:g}-{chars.p75:g} characters); mutation score median "
+            f"{summary['mutation_score'].median:g} (lowest {scores[0]:g}, {scores.count(1.0)} at 1.0). Kinds: "
+            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            + f"; {sum(bool(t.metadata.get('api_change')) for t in tasks)} change public names. Repositories: "
+            + ", ".join(f"{r} ({sum(t.id.startswith(r + '-') for t in tasks)})" for r in repos) + ".")
+    readme_path = suite.parent / "README.md"
+    readme = readme_path.read_text()
+    readme = re.sub(r"realbench/     \S+ tasks mined from \S+ public repositories",
+                    f"realbench/     {len(rows)} tasks mined from {len(repos)} public repositories", readme)
+    readme = re.sub(r"(?m)^(STATS|Medians over all \d+ tasks: \*\*.*)$", lambda _: text, readme)
+    readme_path.write_text(readme)
+    print(text)
+    return 0
+
+
 def summary_main(args: argparse.Namespace) -> int:
     rows = []
     for mined in sorted((Path(args.work) / "mined").iterdir()):
@@ -218,13 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("repos", nargs="+", choices=sorted(REPOSITORIES))
     m.add_argument("--candidates", type=int, default=12)
     m.add_argument("--workers", type=int, default=1)
-    for p in (m, sub.add_parser("pack"), sub.add_parser("summary")):
+    for p in (m, sub.add_parser("pack"), sub.add_parser("summary"), sub.add_parser("readme")):
         p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "realbench"))
         p.add_argument("--clones", default=str(Path(tempfile.gettempdir()) / "realbench" / "clones"))
         p.add_argument("--mirror", default="/work/.mirror")
         p.add_argument("--suite", default=str(SUITE))
     args = parser.parse_args(argv)
-    return {"mine": mine_main, "pack": pack_main, "summary": summary_main}[args.step](args)
+    return {"mine": mine_main, "pack": pack_main, "summary": summary_main, "readme": readme_main}[args.step](args)
 
 
 if __name__ == "__main__":
