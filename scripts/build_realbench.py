@@ -76,6 +76,8 @@ REPOSITORIES = {r.name: r for r in [
     Repository("schema", "keleshev/schema", "MIT", "LICENSE-MIT", "one-module library with stubs"),
     Repository("python-sortedcontainers", "grantjenks/python-sortedcontainers", "Apache-2.0", "LICENSE",
                "data structures, src layout"),
+    Repository("sqlparse", "andialbrecht/sqlparse", "BSD-3-Clause", "LICENSE", "SQL parser + CLI, flat"),
+    Repository("tinydb", "msiemens/tinydb", "MIT", "LICENSE", "document database, flat"),
 ]}
 
 
