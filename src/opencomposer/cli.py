@@ -231,13 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--rev", default="HEAD", help="mine the commits reachable from this revision")
     m.add_argument("--limit", type=int, help="only the newest N commits")
     m.add_argument("--test-command", default="python -m pytest -q", help="how the repository runs its tests")
+    m.add_argument("--benchmark", action="store_true",
+                   help="the realbench criteria: merges as their first-parent change, developer prompts with the "
+                        "solvability check, only the changed test modules, a mutation score with its floor, three "
+                        "validations (docs/realbench.md); --min-files and --min-lines below apply too")
+    m.add_argument("--min-files", type=int, metavar="N", help="non-test files a change touches, at least (default 1; "
+                                                               "2 with --benchmark)")
+    m.add_argument("--min-lines", type=int, metavar="N", help="non-test lines added plus removed, at least (default 0; "
+                                                               "60 with --benchmark)")
     _add_recipe_flag(m, "--workers", "tasks.workers", "commits checked in parallel", type=int)
     _paths(m, repo="input", out="output_dir")
     m.set_defaults(handler="opencomposer.commands.tasks:mine_main")
     s = tsub.add_parser("stats", help="lines changed, files touched, prompt length; table and PNG histogram")
     _add_recipe_args(s)
-    s.add_argument("suite", help="folder of task folders")
-    s.add_argument("--png", help="histogram path (default {run.out_dir}/{run.name}/stats/SUITE.png)")
+    s.add_argument("suite", nargs="+", help="folder of task folders; several are compared side by side with "
+                                           "the published CursorBench and SWE-bench medians")
+    s.add_argument("--png", help="histogram path (default {run.out_dir}/{run.name}/stats/SUITE[-vs-SUITE...].png)")
     _paths(s, suite="input", png="output_file")
     s.set_defaults(handler="opencomposer.commands.tasks:stats_main")
     v = tsub.add_parser("validate", help="re-grade gold and untouched states of every task; exit 1 on drift")

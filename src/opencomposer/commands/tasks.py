@@ -9,6 +9,7 @@ library's bad-input errors, are reported by ``cli.main`` as one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -126,10 +127,18 @@ def mine_main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from opencomposer.tasks.mining import commits_to_mine, mine
+    from opencomposer.tasks.mining import Criteria, commits_to_mine, mine
 
     config = load_recipe(args.recipe, args.overrides)
-    total = len(commits_to_mine(Path(args.repo), args.rev, args.limit))
+    criteria = Criteria.benchmark() if args.benchmark else Criteria()
+    for name in ("min_files", "min_lines"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 0:
+                print(f"opencomposer tasks mine: --{name.replace('_', '-')} {value}: must be >= 0", file=sys.stderr)
+                return 2
+            criteria = dataclasses.replace(criteria, **{name: value})
+    total = len(commits_to_mine(Path(args.repo), args.rev, args.limit, criteria.merges))
     done = kept = 0
     with ProgressBar("mine", total, status="{sha} {outcome}  tasks {kept}") as bar:
         def on_done(record) -> None:
@@ -140,7 +149,8 @@ def mine_main(args: argparse.Namespace) -> int:
                        kept=kept)
 
         records = mine(args.repo, args.out, rev=args.rev, limit=args.limit, test_command=args.test_command,
-                       config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers, on_done=on_done)
+                       config=config.tasks, sandbox=config.sandbox, workers=config.tasks.workers, on_done=on_done,
+                       criteria=criteria)
     table = Table()
     for column in ("commit", "subject", "task / why not"):
         table.add_column(column)

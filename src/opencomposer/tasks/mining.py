@@ -114,6 +114,15 @@ class Criteria:
     mutation_floor: float = mutation.MUTATION_FLOOR
     validations: int = 1  # checks through the grader in all (realize does the first)
 
+    @classmethod
+    def benchmark(cls, **changes: object) -> Criteria:
+        """The realbench criteria (docs/realbench.md): changes of 2+ files and 60-1,200 lines,
+        merges as their first-parent change, the changed test modules only, developer prompts with
+        the solvability check, up to 12 mutants with the floor, each state run three times."""
+        base = cls(min_files=2, min_lines=60, max_lines=1200, merges=True, focus_tests=True,
+                   developer_prompts=True, mutation_limit=12, validations=2)
+        return dataclasses.replace(base, **changes)
+
 
 class MiningError(RuntimeError):
     """The repository itself cannot be read (not a git repository, bad revision)."""
