@@ -124,7 +124,7 @@ def compare_table(summaries: dict[str, dict[str, Summary]]):
     range, then the reference medians of report §5."""
     from rich.table import Table
 
-    table = Table(title="suites beside CursorBench and SWE-bench (median [p25-p75])")
+    table = Table(title="suites beside CursorBench and SWE-bench (median \\[p25-p75])")
     table.add_column("quantity")
     for name, summary in summaries.items():
         count = next(iter(summary.values())).count
