@@ -35,7 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from opencomposer.tasks.format import load_task, write_task
@@ -123,9 +123,16 @@ def mine_main(args: argparse.Namespace) -> int:
         shas = [s for s in preselect(clone, args.candidates) if s[:10] not in seen]
         print(f"{name}: {len(shas)} candidate change(s)", flush=True)
 
+        done: list[dict] = []
+
         def report(record) -> None:
             print(f"  {record.sha[:10]} {'TASK ' + record.task_id if record.task_id else record.reason[:160]}",
                   flush=True)
+            # written as each change finishes, so a run stopped early still leaves its finished tasks
+            # for ``pack`` (mine() rewrites the file with every record at the end)
+            done.append(asdict(record))
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "mining.json").write_text(json.dumps(done, indent=1) + "\n")
 
         records = mine(clone, out, criteria=CRITERIA, shas=shas, workers=args.workers, on_done=report)
         print(f"{name}: {sum(r.task_id is not None for r in records)} task(s) from {len(records)}", flush=True)
