@@ -120,7 +120,9 @@ def mine_main(args: argparse.Namespace) -> int:
             seen.update(r["sha"][:10] for r in json.loads(report.read_text()))
         if (out / "mining.json").is_file():  # mine() writes it anew; keep the earlier batch's
             (out / "mining.json").rename(out / f"mining-{time.time_ns()}.json")
-        shas = [s for s in preselect(clone, args.candidates) if s[:10] not in seen]
+        # newest first: older changes more often fail for the era's code (Python 2 syntax, nose,
+        # collections.MutableMapping) than for their tests, so a run cut short has tried the likelier
+        shas = [s for s in preselect(clone, args.candidates) if s[:10] not in seen][::-1]
         print(f"{name}: {len(shas)} candidate change(s)", flush=True)
 
         done: list[dict] = []
