@@ -112,11 +112,12 @@ def files(run_dir: Path) -> list[str]:
 
 
 # Data parallelism of the same trainer runs in the default selection through test_dp_sft.py's dp2 (an
-# SFT phase) and this file's expert layout (the weights besides the experts are data-parallel).
+# SFT phase), experts split over ranks through test_dp_rl_step.py's ep2 and dp2xep2-fsdp; the phased
+# trainer at two ranks here through its context layout, the other two in the slow set.
 @pytest.mark.parametrize(("cp", "ep"), [
     pytest.param(1, 1, marks=pytest.mark.slow, id="data"),
     pytest.param(2, 1, id="context"),
-    pytest.param(1, 2, id="expert"),
+    pytest.param(1, 2, marks=pytest.mark.slow, id="expert"),
 ])
 def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokenizer, cp, ep):
     run_dir, history, weights = single(phases(ep))

@@ -50,7 +50,8 @@ def _rank(rank: int, port: int, cp: int, folder: str, config: SFTConfig = SFT) -
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize(("cp", "micro"), [(1, 0), (2, 0), (1, 64)], ids=["dp2", "cp2", "dp2-micro"])
+@pytest.mark.parametrize(("cp", "micro"), [(1, 0), (2, 0), pytest.param(1, 64, marks=pytest.mark.slow)],
+                         ids=["dp2", "cp2", "dp2-micro"])  # micro-batches on ranks: test_dp_rl_step.py too
 def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, cp, micro):
     """``dp2-micro``: each rank's rows in micro-batches of at most 64 padded positions (gradient
     accumulation; a rank with fewer runs empty forwards for FSDP)."""

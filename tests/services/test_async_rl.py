@@ -109,7 +109,9 @@ def test_staleness_one_samples_ahead_within_the_bound(tmp_path: Path):
     assert not list((run_dir / "groups").glob("*.pkl"))  # every group checkpoint consumed
 
 
-@pytest.mark.parametrize("process", [False, True], ids=["threads", "inference-process"])
+# the inference process killed and started again at the newest version is also
+# tests/services/test_inference_process.py's: its variant here runs in the slow set
+@pytest.mark.parametrize("process", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["threads", "inference-process"])
 def test_faults_leave_a_finished_run_and_an_exactly_once_record(tmp_path: Path, process: bool):
     """A worker killed mid-episode, a grader that crashes, a sandbox that hangs and an inference
     engine that dies, all in one run. With ``services.inference_process`` the engine's death is
