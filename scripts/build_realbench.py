@@ -78,6 +78,7 @@ REPOSITORIES = {r.name: r for r in [
                "data structures, src layout"),
     Repository("sqlparse", "andialbrecht/sqlparse", "BSD-3-Clause", "LICENSE", "SQL parser + CLI, flat"),
     Repository("tinydb", "msiemens/tinydb", "MIT", "LICENSE", "document database, flat"),
+    Repository("inflect", "jaraco/inflect", "MIT", "LICENSE", "one-module library (English inflection)"),
 ]}
 
 
