@@ -111,12 +111,12 @@ def files(run_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file() and "tb" not in p.parts)
 
 
-# Data parallelism of the same trainer runs in the default selection through test_dp_sft.py's dp2 (an
-# SFT phase), experts split over ranks through test_dp_rl_step.py's ep2 and dp2xep2-fsdp; the phased
-# trainer at two ranks here through its context layout, the other two in the slow set.
+# The phased trainer at two ranks runs in the default selection through test_dp_sft.py (an SFT phase,
+# data and context parallel); experts split over ranks through test_dp_rl_step.py. This file's three
+# layouts are in the slow set.
 @pytest.mark.parametrize(("cp", "ep"), [
     pytest.param(1, 1, marks=pytest.mark.slow, id="data"),
-    pytest.param(2, 1, id="context"),
+    pytest.param(2, 1, marks=pytest.mark.slow, id="context"),
     pytest.param(1, 2, marks=pytest.mark.slow, id="expert"),
 ])
 def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokenizer, cp, ep):

@@ -352,6 +352,7 @@ def test_a_resume_with_other_phases_is_refused(tmp_path: Path, tiny_tokenizer):
         run_phases(changed, _corpus(), tiny_tokenizer, progress=False)
 
 
+@pytest.mark.slow  # an SFT phase in make test: tests/pretrain/test_sft.py, tests/distributed/test_dp_sft.py
 @pytest.mark.bwrap
 def test_an_sft_phase_trains_on_the_oracles_model_tokens(tmp_path: Path, tiny_tokenizer):
     from opencomposer.pretrain.data import DemonstrationBatches
