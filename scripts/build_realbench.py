@@ -43,8 +43,7 @@ from opencomposer.tasks.generators.source import is_test_path
 from opencomposer.tasks.mining import Criteria, commit_tree, mine
 
 SUITE = Path(__file__).resolve().parent.parent / "src" / "opencomposer" / "suites" / "realbench"
-CRITERIA = Criteria(min_files=2, min_lines=60, max_lines=1200, merges=True, focus_tests=True,
-                    developer_prompts=True, mutation_limit=12, validations=2)
+CRITERIA = Criteria.benchmark()  # what `opencomposer tasks mine --benchmark` mines with
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,7 @@ def mine_main(args: argparse.Namespace) -> int:
 
         done: list[dict] = []
 
-        def report(record) -> None:
+        def report(record, done: list[dict] = done, out: Path = out) -> None:  # this repository's
             print(f"  {record.sha[:10]} {'TASK ' + record.task_id if record.task_id else record.reason[:160]}",
                   flush=True)
             # written as each change finishes, so a run stopped early still leaves its finished tasks

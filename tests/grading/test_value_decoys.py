@@ -130,3 +130,40 @@ def test_a_value_that_remembers_what_it_was_asked_rarely_passes(plugin):
 
     wins = sum(bool(plugin.ValueChecks.honest_equality(FirstSeen(), 42)) for _ in range(400))
     assert wins < 400 / 10  # expected about 400 / 24
+
+
+class Repeats:
+    """Calls equal a value it was asked about before: through a whole list, an item sees its
+    expected value again in every decoy that changes another item."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __eq__(self, other):
+        again = other in self.seen
+        self.seen.append(other)
+        return again
+
+    __hash__ = None
+
+
+class WholeList:
+    """The control: the list asked as one value, as the check did before it went item by item."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __eq__(self, other):
+        return self.items == other
+
+
+def test_an_item_that_learns_its_expected_value_from_the_other_items_decoys(plugin):
+    honest = plugin.ValueChecks.honest_equality
+    wins = sum(bool(honest([Repeats(), Cents(2)], ["alpha", 2])) for _ in range(100))
+    assert wins <= 15  # item by item: its expected value once among its own decoys (about 100 / 24)
+    control = sum(bool(honest(WholeList([Repeats(), Cents(2)]), ["alpha", 2])) for _ in range(100))
+    assert control >= 60  # asked through the whole list it learns it (about 90 of 100)
+    in_dicts = sum(bool(honest({"a": Repeats(), "b": Cents(2)}, {"a": "alpha", "b": 2})) for _ in range(100))
+    assert in_dicts <= 15
+    assert honest([Cents(1), None, "x"], [1, None, "x"]) is True and honest((Cents(1),), [1]) is False
+    assert honest({"a": Cents(1)}, {"b": 1}) is False and honest([Cents(1)], [1, 2]) is False

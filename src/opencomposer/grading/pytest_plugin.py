@@ -53,7 +53,9 @@ that process's word for anything it can check:
   ``except AssertionError`` cannot turn around), except equality with a plain number, string,
   bytes or builtin container: the foreign value's own ``__eq__`` is asked, in a drawn order, about
   that value and sixteen to thirty-one distinct decoys near it (``honest_equality``; a container's
-  decoys have one item changed, dropped or added), and a value that calls a decoy equal too fails
+  decoys have one item changed, dropped or added; a list, tuple or dict holding the solution's
+  values is asked item by item, so that no item sees its expected value in the decoys of another),
+  and a value that calls a decoy equal too fails
   the test, so a domain object equal to ``0`` or to ``(1, 2)`` passes and one equal to everything
   does not. The truth of a
   foreign value with its own ``__bool__``/``__len__`` fails the test too, and so does arithmetic
@@ -824,8 +826,8 @@ class ValueChecks:
         clean_right, right_foreign = self.clean(right)
         if left_foreign != right_foreign:
             if what in EQUALITY:  # a domain object equal to a number or a string: asked with decoys
-                foreign, plain = (left, clean_right) if left_foreign else (right, clean_left)
-                equal = self.honest_equality(foreign, plain)
+                foreign, plain = (clean_left, clean_right) if left_foreign else (clean_right, clean_left)
+                equal = self.honest_equality(foreign, plain, lambda value: self.clean(value)[1])
                 if equal is not None:
                     if equal:
                         return plain, plain
@@ -834,13 +836,22 @@ class ValueChecks:
         return (left, right) if left_foreign else (clean_left, clean_right)
 
     @staticmethod
-    def honest_equality(foreign: object, plain: object) -> bool | None:
+    def honest_equality(foreign: object, plain: object, is_foreign=None) -> bool | None:
         """Whether ``foreign`` (a value whose class has its own ``__eq__``, or a container holding
         such values) equals the plain number, string, bytes or container ``plain``, by its own
         ``__eq__``, asked in a drawn order among sixteen to thirty-one decoys of ``plain`` (plain
         values near it): None, and the check fails, when it calls a decoy equal
         too (as well as the value itself) or answers with something other than a bool. A class that answers "equal" to anything
-        is caught; one that computes its answer from the value it is given is not lying."""
+        is caught; one that computes its answer from the value it is given is not lying.
+
+        A list, tuple or dict (with plain keys) of such values is compared item by item, each item
+        of the solution's asked with decoys of its own: asked through the whole container, an item
+        would see its expected value in every decoy that changes another item, and a value that
+        calls equal what it has seen before would pass. ``is_foreign`` tells an item of the
+        solution's from a plain one (default: anything but a builtin scalar)."""
+        is_foreign = is_foreign or (lambda value: type(value) not in SCALARS)
+        if type(foreign) in (list, tuple) or type(foreign) is dict and not any(map(is_foreign, foreign)):
+            return ValueChecks._honest_items(foreign, plain, is_foreign)
         decoys = _decoys(plain)
         if not decoys:
             return None
@@ -863,6 +874,30 @@ class ValueChecks:
         if equal and any(answer for is_plain, answer in answers if not is_plain):
             return None  # equal to the value and to a decoy: its answer says nothing
         return equal  # a value equal to a decoy only is simply another value (``Version("2.0") != "2.1"``)
+
+    @staticmethod
+    def _honest_items(foreign: list | tuple | dict, plain: object, is_foreign) -> bool | None:
+        """``honest_equality`` of a builtin list, tuple or dict with plain keys, item by item: False
+        where Python's own comparison is False before any item is asked (another type, length or
+        key set); None when an item's answer says nothing."""
+        if not isinstance(plain, list if type(foreign) is list else tuple if type(foreign) is tuple else dict):
+            return False
+        if len(foreign) != len(plain):
+            return False
+        if type(foreign) is dict:
+            if set(foreign) != set(plain):
+                return False
+            pairs = [(foreign[key], plain[key]) for key in foreign]
+        else:
+            pairs = list(zip(foreign, plain))
+        equal = True
+        for item, expected in pairs:
+            answer = (ValueChecks.honest_equality(item, expected, is_foreign) if is_foreign(item)
+                      else bool(item == expected))
+            if answer is None:
+                return None
+            equal = equal and answer
+        return equal
 
     def compare(self, symbol: str, left: object, right: object) -> object:
         if symbol in ("is", "is not"):
