@@ -9,6 +9,7 @@ lines, a ``tests/test.sh`` that writes ``reward.txt``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import zipfile
@@ -28,6 +29,7 @@ from opencomposer.sandbox.venv import (
     parse_environment,
     prepare_environment,
     repo_dependencies,
+    repo_name_version,
     resolve_environment,
 )
 from opencomposer.tasks.format import TaskFormatError, load_suite, load_task, write_task
@@ -105,6 +107,34 @@ def test_dependencies_are_read_without_running_anything(tmp_path: Path):
                            "requirements-dev.txt": "pytest-foo\n", "requirements.txt": "-e .\n"})
     spec = detect_repo_environment(tmp_path / "e")
     assert spec.install_repo and spec.pythonpath == ("src",) and spec.requirements == ("requirements-dev.txt",)
+    assert spec.repo_metadata and repo_name_version(tmp_path / "e") == ("calcpkg", "0.1")
+
+
+def test_test_dependencies_in_dependency_groups_and_self_referencing_extras(tmp_path: Path):
+    # PEP 735 groups with include-group (attrs since 2025) and an extra that names the project's
+    # own extras (marshmallow's dev = ["marshmallow[tests]"], attrs' tests = ["attrs[tests-no-zope]"])
+    write(tmp_path / "g", {"pyproject.toml": '[project]\nname = "Calc.Pkg"\ndynamic = ["version"]\n'
+                                             'dependencies = ["tinydep"]\n[dependency-groups]\n'
+                                             'tests = ["hypothesis", "pympler"]\n'
+                                             'cov = [{include-group = "tests"}, "coverage"]\nlint = ["ruff"]\n'})
+    assert repo_dependencies(tmp_path / "g", ("cov",))[0] == ["tinydep", "hypothesis", "pympler", "coverage"]
+    spec = detect_repo_environment(tmp_path / "g")
+    assert spec.extras == ("tests",) and spec.repo_metadata
+    assert repo_name_version(tmp_path / "g") == ("Calc.Pkg", "0+workspace")  # a dynamic version
+    write(tmp_path / "s", {"pyproject.toml": '[project]\nname = "calc_pkg"\nversion = "2.0"\n'
+                                             '[project.optional-dependencies]\n'
+                                             'tests = ["calc-pkg[tests-no-zope]", "zope.interface"]\n'
+                                             '"tests-no-zope" = ["hypothesis", "calc.pkg[more]"]\n'
+                                             'more = ["pytest-xdist", "calc_pkg[tests]"]\n'})
+    assert repo_dependencies(tmp_path / "s", ("tests",))[0] == ["hypothesis", "pytest-xdist", "zope.interface"]
+    assert detect_repo_environment(tmp_path / "s").extras == ("tests",)
+    write(tmp_path / "p", {"setup.py": "from setuptools import setup\nsetup(name='legacy', version='1.2')\n"})
+    assert repo_name_version(tmp_path / "p") == ("legacy", "1.2")
+    write(tmp_path / "n", {"setup.py": "from setuptools import setup\nsetup(name=NAME)\n"})
+    assert repo_name_version(tmp_path / "n") == (None, "0+workspace")
+    with pytest.raises(EnvironmentSpecError, match="install_repo"):
+        parse_environment({"repo_metadata": True})
+    assert parse_environment({"repo_metadata": True, "install_repo": True}).repo_metadata
 
 
 def test_key_follows_dependencies_not_source(tmp_path: Path, offline):
@@ -116,6 +146,11 @@ def test_key_follows_dependencies_not_source(tmp_path: Path, offline):
                                    "src/calcpkg/__init__.py": CALC + f"# commit {i}\n"})
         keys.append(resolve_environment(spec, tmp_path / f"r{i}").key)
     assert keys[0] == keys[1] != keys[2]
+    # the metadata adds (name, version) to the key only when asked for: tasks without it keep their keys
+    plain = resolve_environment(spec, tmp_path / "r0")
+    assert "repo_metadata" not in plain.definition()
+    with_metadata = resolve_environment(dataclasses.replace(spec, repo_metadata=True), tmp_path / "r0")
+    assert with_metadata.definition()["repo_metadata"] == ["calcpkg", "0.1"] and with_metadata.key != plain.key
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,9 +162,10 @@ def test_environment_builds_once_binds_read_only_and_imports_the_workspace(tmp_p
     config, wheels = offline
     repo = tmp_path / "repo"
     write(repo, {"pyproject.toml": PYPROJECT, "src/calcpkg/__init__.py": CALC, "tests/test_calc.py": TEST_CALC})
-    spec = EnvironmentSpec(install_repo=True, find_links=(str(wheels),))
+    spec = EnvironmentSpec(install_repo=True, repo_metadata=True, find_links=(str(wheels),))
     bound, built = prepare_environment(spec, repo, config)
     assert built.built and built.log.is_file() and "tinydep" in built.log.read_text()
+    assert built.manifest["repo_metadata"] == "calcpkg-0.1.dist-info"
     again = prepare_environment(spec, repo, config)[1]
     assert not again.built and again.root == built.root
     with Sandbox(repo, config, environment=bound) as sandbox:
@@ -138,12 +174,22 @@ def test_environment_builds_once_binds_read_only_and_imports_the_workspace(tmp_p
                              "calcpkg.__file__, sys.prefix)' && python -m pytest -q")
         assert result.exit_code == 0, result.output
         assert f"12 True /workspace/src/calcpkg/__init__.py {built.root}" in result.output  # the workspace copy
+        # its own version, as an editable install would give it (isort and marshmallow read theirs)
+        result = sandbox.run("python -c 'import importlib.metadata as m; d = m.distribution(\"calcpkg\"); "
+                             "print(d.version, d.files)'")
+        assert result.exit_code == 0 and "0.1 None" in result.output, result.output  # no files of its own
         for attempt in (f"touch {built.root}/planted", f"pip install --no-index --find-links {wheels} --force-reinstall tinydep",
                         f"echo 'import os' > {built.root}/lib/x.pth"):
             assert sandbox.run(attempt).exit_code != 0, attempt
         assert sandbox.run("python -c 'import urllib.request as u; u.urlopen(\"http://1.1.1.1\", timeout=3)'"
                            ).exit_code != 0  # no network outside a build
     assert not (built.root / "planted").exists()
+    # the control: without repo_metadata the repository has no distribution to ask
+    plain_bound, plain = prepare_environment(dataclasses.replace(spec, repo_metadata=False), repo, config)
+    assert plain.manifest["repo_metadata"] is None
+    with Sandbox(repo, config, environment=plain_bound) as sandbox:
+        result = sandbox.run("python -c 'import importlib.metadata as m; m.version(\"calcpkg\")'")
+        assert result.exit_code != 0 and "PackageNotFoundError" in result.output, result.output
 
 
 @pytest.mark.bwrap

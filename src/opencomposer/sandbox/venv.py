@@ -10,7 +10,8 @@ python = "3.11"                          # used when an interpreter of that vers
 packages = ["attrs>=23", "numpy<2"]      # pip requirement specifiers
 requirements = ["requirements-dev.txt"]  # requirement files inside the repository
 install_repo = true                      # the repository's own dependencies; the repo importable
-extras = ["test"]                        # extras of the repository installed with install_repo
+extras = ["test"]                        # extras (or PEP 735 dependency groups) installed with install_repo
+repo_metadata = true                     # the repository's name and version visible to importlib.metadata
 pythonpath = ["src"]                     # workspace folders on PYTHONPATH (default: see below)
 commands = ["python -m pip install -e vendor/lib --no-deps"]   # plain shell steps, after the installs
 pip_args = ["--index-url", "https://mirror.example/simple"]
@@ -32,7 +33,11 @@ and is rebuilt) and ``logs/<key>.log`` (the build's output, kept for failed buil
 **How the repository becomes importable.** The environment never contains the repository itself:
 ``install_repo`` installs only its dependencies, and at run time the sandbox puts the workspace's
 own folders on ``PYTHONPATH`` (``pythonpath``; by default ``src`` for a src layout, else the
-repository root). So the agent's edits take effect at once, exactly like an editable install that
+repository root). With ``repo_metadata`` the environment also holds a metadata-only distribution
+of the repository (a ``NAME-VERSION.dist-info`` folder, no code, no files recorded), so that code
+reading its own version (``importlib.metadata.version("isort")``) imports as it would from an
+editable install; the version is the one the packaging files declare, else ``0+workspace``, and
+is part of the key. So the agent's edits take effect at once, exactly like an editable install that
 points at the workspace copy, never at the cache; and one environment serves every commit. When the
 dependencies cannot be read without running the build backend (dynamic dependencies, Poetry), the
 build installs a copy of the repository (pip, with the network) and uninstalls its own distribution
@@ -82,8 +87,8 @@ from opencomposer.sandbox.patch import copy_tree
 from opencomposer.sandbox.workspace import Mount, Sandbox, TaskEnvironment, SandboxError
 from opencomposer.types import Task
 
-ENVIRONMENT_KEYS = ("python", "packages", "requirements", "install_repo", "extras", "pythonpath", "commands",
-                    "pip_args", "find_links")
+ENVIRONMENT_KEYS = ("python", "packages", "requirements", "install_repo", "extras", "repo_metadata", "pythonpath",
+                    "commands", "pip_args", "find_links")
 KEY_VERSION = "opencomposer task env v1"
 TEST_STACK = ("pytest", "pytest-timeout")
 """What grading runs tests with; copied into every environment behind its own packages."""
@@ -121,6 +126,7 @@ class EnvironmentSpec:
     requirements: tuple[str, ...] = ()
     install_repo: bool = False
     extras: tuple[str, ...] = ()
+    repo_metadata: bool = False
     pythonpath: tuple[str, ...] | None = None
     commands: tuple[str, ...] = ()
     pip_args: tuple[str, ...] = ()
@@ -149,6 +155,11 @@ def parse_environment(table: Any) -> EnvironmentSpec:
     install_repo = table.get("install_repo", False)
     if not isinstance(install_repo, bool):
         raise EnvironmentSpecError("install_repo", f"{install_repo!r} must be true or false")
+    repo_metadata = table.get("repo_metadata", False)
+    if not isinstance(repo_metadata, bool):
+        raise EnvironmentSpecError("repo_metadata", f"{repo_metadata!r} must be true or false")
+    if repo_metadata and not install_repo:
+        raise EnvironmentSpecError("repo_metadata", "the repository's metadata needs install_repo = true")
     lists: dict[str, tuple[str, ...]] = {}
     for key in ("packages", "requirements", "extras", "pythonpath", "commands", "pip_args", "find_links"):
         value = table.get(key, [])
@@ -164,7 +175,7 @@ def parse_environment(table: Any) -> EnvironmentSpec:
             raise EnvironmentSpecError("packages", f"{value!r} is a pip option; put options in pip_args")
     if lists["extras"] and not install_repo:
         raise EnvironmentSpecError("extras", "extras of the repository need install_repo = true")
-    return EnvironmentSpec(python=python, install_repo=install_repo,
+    return EnvironmentSpec(python=python, install_repo=install_repo, repo_metadata=repo_metadata,
                            pythonpath=lists["pythonpath"] if "pythonpath" in table else None,
                            **{k: v for k, v in lists.items() if k != "pythonpath"})
 
@@ -222,15 +233,16 @@ def repo_dependencies(repo: Path, extras: tuple[str, ...] = ()) -> tuple[list[st
         except (tomllib.TOMLDecodeError, UnicodeDecodeError):
             return None, "pyproject.toml (unreadable)"
         project = data.get("project")
+        groups = data.get("dependency-groups") if isinstance(data.get("dependency-groups"), dict) else {}
         if isinstance(project, dict):
             dynamic = project.get("dynamic", [])
-            if "dependencies" in dynamic or (extras and "optional-dependencies" in dynamic):
+            if "dependencies" in dynamic or ("optional-dependencies" in dynamic and any(e not in groups for e in extras)):
                 return None, "pyproject.toml (dynamic dependencies)"
             deps = list(project.get("dependencies", []))
             optional = project.get("optional-dependencies", {})
             for extra in extras:
-                deps += list(optional.get(extra, []))
-            return _without_self(deps, project.get("name")), "pyproject.toml"
+                deps += _extra_requirements(extra, optional, groups, project.get("name"), set())
+            return _without_self(list(dict.fromkeys(deps)), project.get("name")), "pyproject.toml"
         if isinstance(data.get("tool"), dict) and "poetry" in data["tool"]:
             return None, "pyproject.toml (Poetry)"
     setup_py, setup_cfg = repo / "setup.py", repo / "setup.cfg"
@@ -252,6 +264,78 @@ def repo_dependencies(repo: Path, extras: tuple[str, ...] = ()) -> tuple[list[st
         name = parser.get("metadata", "name", fallback=None)
         return _without_self(deps, name), "setup.cfg"
     return [], "no packaging files"
+
+
+def _extra_requirements(extra: str, optional: Any, groups: Any, name: Any, seen: set[str]) -> list[str]:
+    """The requirements of ``extra``: the optional dependencies of that name, else the PEP 735
+    dependency group (``{include-group = ...}`` followed), with the project's references to its own
+    extras (``attrs[tests-no-zope]``) replaced by what those extras require."""
+    if extra in seen:
+        return []
+    seen.add(extra)
+    items = optional.get(extra) if isinstance(optional, dict) and extra in optional else (
+        groups.get(extra) if isinstance(groups, dict) else None)
+    out: list[str] = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("include-group"), str):
+            out += _extra_requirements(item["include-group"], {}, groups, name, seen)
+        elif isinstance(item, str):
+            own = _self_extras(item, name)
+            if own is None:
+                out.append(item)
+            for inner in own or ():
+                out += _extra_requirements(inner, optional, groups, name, seen)
+    return out
+
+
+def _self_extras(requirement: str, name: Any) -> list[str] | None:
+    """The extras a requirement on the project itself asks for (``[]`` for a bare self-reference),
+    or None when it names another project."""
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?", requirement)
+    normal = lambda text: re.sub(r"[-_.]+", "-", str(text or "")).lower()  # noqa: E731
+    if not match or not name or normal(match.group(1)) != normal(name):
+        return None
+    return [e.strip() for e in (match.group(2) or "").split(",") if e.strip()]
+
+
+def repo_name_version(repo: Path) -> tuple[str | None, str]:
+    """(the distribution name, its version) as the packaging files declare them without running
+    anything (``pyproject.toml``'s ``[project]``, ``setup.cfg``'s ``[metadata]``, literals of
+    ``setup.py``'s ``setup()``); the version is ``0+workspace`` when it is dynamic or missing, the
+    name None when it cannot be read."""
+    name, version = None, None
+    pyproject = repo / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            project = None
+        if isinstance(project, dict):
+            name, version = project.get("name"), project.get("version")
+    if not name and (repo / "setup.cfg").is_file():
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string((repo / "setup.cfg").read_text(encoding="utf-8"))
+            name = parser.get("metadata", "name", fallback=None)
+            version = parser.get("metadata", "version", fallback=None)
+        except (configparser.Error, UnicodeDecodeError):
+            pass
+    if not name and (repo / "setup.py").is_file():
+        try:
+            tree = ast.parse((repo / "setup.py").read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            tree = None
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "setup":
+                keywords = {k.arg: k.value for k in node.keywords if k.arg}
+                if isinstance(keywords.get("name"), ast.Constant):
+                    name = keywords["name"].value
+                    if isinstance(keywords.get("version"), ast.Constant):
+                        version = keywords["version"].value
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+        return None, "0+workspace"
+    ok = isinstance(version, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*", version)
+    return name, version if ok else "0+workspace"
 
 
 def _lines(text: str) -> list[str]:
@@ -307,7 +391,8 @@ REQUIREMENT_FILES = ("requirements.txt", "requirements-dev.txt", "requirements_d
 
 def detect_repo_environment(repo: Path, base: EnvironmentSpec | None = None) -> EnvironmentSpec | None:
     """The ``[environment]`` an imported or mined repository needs, read from its files: its own
-    dependencies (``install_repo``, with the ``test``/``tests``/``testing`` extras it declares), the
+    dependencies (``install_repo``, with the ``test``/``tests``/``testing`` extras or dependency
+    groups it declares) and its name and version for ``importlib.metadata`` (``repo_metadata``), the
     requirement files at its root that do not install the repository itself (no ``-e``, ``.`` or
     ``file:`` lines: the repository is imported from the workspace, never installed), and its code
     on PYTHONPATH (``default_pythonpath``). None when it has no packaging file, no requirement file
@@ -326,6 +411,7 @@ def detect_repo_environment(repo: Path, base: EnvironmentSpec | None = None) -> 
     base = base or EnvironmentSpec()
     return dataclasses.replace(
         base, install_repo=packaged or base.install_repo, extras=extras or base.extras,
+        repo_metadata=base.repo_metadata or (packaged and (plain is None or repo_name_version(repo)[0] is not None)),
         requirements=base.requirements or requirements,
         pythonpath=base.pythonpath if base.pythonpath is not None else default_pythonpath(repo))
 
@@ -378,6 +464,7 @@ class ResolvedEnvironment:
     find_links_listing: tuple[tuple[str, int], ...]
     stack: tuple[tuple[str, str], ...]  # (name, version) of the test stack
     pythonpath: tuple[str, ...]
+    metadata: tuple[str, str] | None = None  # (name, version) of repo_metadata; name "" when only the build knows it
     key: str = ""
 
     def definition(self) -> dict[str, Any]:
@@ -394,6 +481,7 @@ class ResolvedEnvironment:
             "pip_args": list(self.spec.pip_args),
             "find_links": [list(f) for f in self.find_links_listing],
             "test_stack": [list(s) for s in self.stack],
+            **({"repo_metadata": list(self.metadata)} if self.metadata is not None else {}),
         }
 
 
@@ -430,6 +518,7 @@ def resolve_environment(spec: EnvironmentSpec, repo: Path, task_folder: Path | N
         stack=tuple((d.metadata["Name"], d.version) for d in test_stack()),
         pythonpath=spec.pythonpath if spec.pythonpath is not None else
         (default_pythonpath(repo) if spec.install_repo else ()),
+        metadata=(lambda n, v: (n or "", v))(*repo_name_version(repo)) if spec.repo_metadata else None,
     )
     digest = hashlib.sha256(json.dumps(resolved.definition(), sort_keys=True).encode()).hexdigest()[:32]
     return dataclasses.replace(resolved, key=digest)
@@ -532,13 +621,15 @@ def _build(resolved: ResolvedEnvironment, repo: Path, final: Path, root: Path, c
             tail = result.output.strip().splitlines()[-12:]
             raise EnvironmentBuildError(f"environment {resolved.key}: the build {why}:\n  " + "\n  ".join(tail), log)
         stack = _install_test_stack(final)
+        metadata = _write_repo_metadata(final, resolved, result.output)
     except BaseException:
         shutil.rmtree(final, ignore_errors=True)
         raise
     return {"key": resolved.key, "definition": resolved.definition(), "spec": resolved.spec.to_table(),
             "interpreter": resolved.interpreter.executable, "base_prefix": resolved.interpreter.base_prefix,
             "python": resolved.interpreter.version, "note": resolved.interpreter.note, "test_stack": stack,
-            "dependency_source": resolved.dependency_source, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "dependency_source": resolved.dependency_source, "repo_metadata": metadata,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _requirements_file(resolved: ResolvedEnvironment) -> str:
@@ -570,9 +661,36 @@ def _build_script(resolved: ResolvedEnvironment, final: Path) -> str:
             f"name=$({env}/bin/python -c \"import json; print(next(i['metadata']['name'] for i in "
             f"json.load(open('/tmp/opencomposer-install.json'))['install'] if i.get('is_direct')))\")",
             f"{pip} uninstall -y \"$name\"",
+            f"echo \"{NAME_MARKER}$name\"",
         ]
     lines += list(resolved.spec.commands)
     return "\n".join(lines) + "\n"
+
+
+NAME_MARKER = "opencomposer: the repository's distribution is "
+
+
+def _write_repo_metadata(env: Path, resolved: ResolvedEnvironment, output: str) -> str | None:
+    """With ``repo_metadata``: a metadata-only ``NAME-VERSION.dist-info`` in the environment's
+    site-packages (the name from the packaging files, else the one the build installed and removed);
+    its folder name, or None when there is none to write."""
+    if resolved.metadata is None:
+        return None
+    name, version = resolved.metadata
+    if not name:
+        found = [line[len(NAME_MARKER):].strip() for line in output.splitlines() if line.startswith(NAME_MARKER)]
+        name = found[-1] if found else ""
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+        raise EnvironmentBuildError(f"environment {resolved.key}: repo_metadata: the repository's distribution "
+                                    "name cannot be read from its packaging files or its build")
+    folder = f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
+    for site in env.glob("lib/python*/site-packages"):
+        info = site / folder
+        info.mkdir(exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "INSTALLER").write_text("opencomposer\n")
+        (info / "RECORD").write_text("")  # no files: the code is the workspace's
+    return folder
 
 
 def _install_test_stack(env: Path) -> list[str]:
