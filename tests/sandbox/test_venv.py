@@ -121,6 +121,9 @@ def test_test_dependencies_in_dependency_groups_and_self_referencing_extras(tmp_
     spec = detect_repo_environment(tmp_path / "g")
     assert spec.extras == ("tests",) and spec.repo_metadata
     assert repo_name_version(tmp_path / "g") == ("Calc.Pkg", "0+workspace")  # a dynamic version
+    (tmp_path / "g" / "pyproject.toml").write_text((tmp_path / "g" / "pyproject.toml").read_text().replace(
+        "tests = [", "dev = ["))
+    assert detect_repo_environment(tmp_path / "g").extras == ("dev",)  # no test group: isort's dev
     write(tmp_path / "s", {"pyproject.toml": '[project]\nname = "calc_pkg"\nversion = "2.0"\n'
                                              '[project.optional-dependencies]\n'
                                              'tests = ["calc-pkg[tests-no-zope]", "zope.interface"]\n'

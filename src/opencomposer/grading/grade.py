@@ -375,7 +375,7 @@ def _run_tests(task: Task, sandbox: Sandbox, config: GradingConfig, secured: Sec
     try:
         return run_tests(sandbox, task.test_command, timeout_s=config.timeout_s,
                          per_test_timeout_s=config.per_test_timeout_s, autoload_plugins=config.autoload_plugins,
-                         protected=secured.protected, hidden=secured.hidden)
+                         protected=secured.protected, hidden=secured.hidden, unchanged=secured.unchanged)
     except SandboxError as e:
         raise GradingInfraError(f"the test command could not be started: {e}") from e
 

@@ -22,7 +22,10 @@ of its dependencies is, and comes back in ``Secured.tampering``. The result also
 the test command must not change (``protected``: the task's protected paths, its hidden tests, every
 conftest and configuration file, and the test files (``is_test_path``) the change left as the task
 has them; mounted read-only, and the only workspace code the recording plugin trusts) and the
-hidden test sources the code under test may not read (``hidden``). A test file the agent changed
+hidden test sources the code under test may not read (``hidden``), and the repository's own
+non-test Python files the change left byte for byte as the task has them (``unchanged``, with their
+digests: the recording plugin lets that code, run on the tests' behalf, read frames as it always
+did). A test file the agent changed
 outside the protected paths is not trusted: its tests count as errors (``grading.pytest_plugin``).
 
 Not here: running the tests and checking what the run reports (``grading.testrun``).
@@ -30,6 +33,7 @@ Not here: running the tests and checking what the run reports (``grading.testrun
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -57,6 +61,7 @@ class Secured:
     tampering: list[str] = field(default_factory=list)
     protected: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)
+    unchanged: dict[str, str] = field(default_factory=dict)  # non-test .py files as the task has them -> sha256
 
 
 def secure_workspace(workspace: Path, repo: Path, tests_dir: Path | None, protected_paths: list[str]) -> Secured:
@@ -98,6 +103,10 @@ def secure_workspace(workspace: Path, repo: Path, tests_dir: Path | None, protec
     unchanged_tests = [rel for rel in present if is_test_path(rel) and _unchanged(workspace / rel, reference(rel))]
     wanted = {p.strip("/") for p in protected_paths} | set(hidden) | set(infrastructure) | set(unchanged_tests)
     secured.protected = _outermost(rel for rel in wanted if _plain_path(workspace, rel))
+    for rel in present:  # the repository's own code the change left alone (its introspection is its own)
+        original = repo / rel
+        if rel.endswith(".py") and rel not in wanted and not is_test_path(rel) and _unchanged(workspace / rel, original):
+            secured.unchanged[rel] = hashlib.sha256(original.read_bytes()).hexdigest()
     return secured
 
 

@@ -71,7 +71,11 @@ that process's word for anything it can check:
   pytest or this plugin. Once collected, each hidden test module is replaced in ``sys.modules``
   (and on its package) by a stand-in that passes attributes to trusted code and answers untrusted
   code with AttributeError and a violation (its name and file excepted). A signal handler the solution installs is called
-  without the interrupted frame.
+  without the interrupted frame. The repository's own code (``unchanged``: files the change left
+  as the task has them, their digests given) is exempt when its code objects equal those compiled
+  afresh from the file and no untrusted code stands between it and the tests on the stack
+  (``repository_code``): a project's own frame reads on the tests' behalf grade, the solution
+  calling them does not.
 
 Trusted code is code in files of the Python installation, of this folder, and of the ``trusted``
 workspace paths (the task's tests and test configuration); with ``trusted`` null (the task
@@ -94,6 +98,7 @@ import ast
 import builtins
 import collections
 import functools
+import hashlib
 import json
 import operator
 import os
@@ -182,6 +187,11 @@ class Recorder:
         self.auditing = threading.local()  # per thread: set while the audit hook checks a file
         self.last_module = ""
         self.last_check = time.monotonic()
+        self.unchanged: dict[str, str] = {}  # the repository's own files the change left alone -> sha256
+        if settings.get("unchanged") and not self.trust_all:
+            with open(settings["unchanged"], encoding="utf-8") as source:
+                self.unchanged = dict(json.load(source))
+        self.unchanged_index: dict[str, dict[tuple[str, int], types.CodeType] | None] = {}
 
     # ------------------------------------------------------------------------------------------
     def emit(self, kind: str, **fields: object) -> None:
@@ -346,7 +356,63 @@ class Recorder:
         """The file of the code that made the call ``frame`` is in, when it is not trusted."""
         frame, _ = self.culprit(frame)
         filename = frame.f_code.co_filename if frame is not None else None
-        return None if frame is None or self.trusted_file(filename) else filename
+        return None if frame is None or self.trusted_file(filename) or self.repository_code(frame) else filename
+
+    def repository_code(self, frame: types.FrameType | None) -> bool:
+        """Whether ``frame`` runs the repository's own code as the task has it (``unchanged_code``)
+        on the tests' behalf: every frame from it out to the first frame of the test run (the
+        tests, pytest) is trusted code or such repository code too, so no code of the solution
+        asked for what it reads (click's ``version_option`` reads its caller's globals, pyparsing's
+        ``autoname_elements`` its caller's locals). Code of the solution that calls such a function
+        to reach the tests' frames is on that path and is refused."""
+        if not self.unchanged or frame is None or not self.unchanged_code(frame.f_code):
+            return False
+        frame = frame.f_back
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if self.protected_file(filename):
+                return True
+            if not self.trusted_file(filename) and not self.unchanged_code(frame.f_code):
+                return False
+            frame = frame.f_back
+        return True
+
+    def unchanged_code(self, code: types.CodeType) -> bool:
+        """Whether ``code`` is, value for value, code compiled from one of the repository's files
+        that the change left alone (``unchanged``), as that file stands now with the digest the
+        task gives it: code compiled from other source under that file's name, or loaded from the
+        file while the solution had rewritten it, is not."""
+        filename = code.co_filename
+        index = self.unchanged_index.get(filename, _MISSING)
+        if index is _MISSING:
+            index = self.unchanged_index[filename] = self.compile_unchanged(filename)
+        if not index:
+            return False
+        candidate = index.get((getattr(code, "co_qualname", code.co_name), code.co_firstlineno))
+        return candidate is not None and candidate == code
+
+    def compile_unchanged(self, filename: str) -> dict[tuple[str, int], types.CodeType] | None:
+        """Every code object of the unchanged file ``filename`` compiled afresh, by (qualified
+        name, first line); None when it is not such a file or no longer has its digest."""
+        digest = self.unchanged.get(filename)
+        if digest is None and os.path.isabs(filename):
+            digest = self.unchanged.get(os.path.realpath(filename))
+        if digest is None:
+            return None
+        try:
+            with open(filename, "rb") as source_file:
+                source = source_file.read()
+            if hashlib.sha256(source).hexdigest() != digest:
+                return None
+            pending = [compile(source, filename, "exec", dont_inherit=True)]
+        except (OSError, SyntaxError, ValueError):
+            return None
+        index: dict[tuple[str, int], types.CodeType] = {}
+        while pending:
+            code = pending.pop()
+            index[(getattr(code, "co_qualname", code.co_name), code.co_firstlineno)] = code
+            pending += [const for const in code.co_consts if isinstance(const, types.CodeType)]
+        return index
 
     def protected_file(self, filename: str | None) -> bool:
         """Code of the test run itself: the task's tests, pytest, pluggy and this plugin (not the
@@ -366,6 +432,8 @@ class Recorder:
             if event in ("sys.settrace", "sys.setprofile") and frame.f_globals.get("__name__") == "threading":
                 self.check_tracers()  # threading.settrace's hook, installed as a thread starts
             return
+        if event not in ("sys.settrace", "sys.setprofile") and self.repository_code(frame):
+            return  # the repository's own code, asked by the tests: what it always did
         what = event
         if event == "object.__getattr__":
             target, name = args

@@ -42,7 +42,7 @@ import secrets
 import select
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +106,7 @@ def run_tests(
     protected: Sequence[str] | None = None,
     hidden: Sequence[str] = (),
     guard_values: bool = True,
+    unchanged: Mapping[str, str] | None = None,
 ) -> TestRun:
     """Run ``test_command`` in ``sandbox`` (from its workspace root) and collect its records.
 
@@ -113,7 +114,9 @@ def run_tests(
     each test (pytest-timeout). ``protected``: workspace paths (relative) mounted read-only whose
     code is trusted; None trusts every file (for code we wrote ourselves). ``hidden``: test sources
     (relative) the code under test may not open. ``guard_values``: the value checks and the
-    introspection audit (``grading.pytest_plugin``). Raises ``SandboxError`` only when the sandbox
+    introspection audit (``grading.pytest_plugin``). ``unchanged``: the repository's own files the
+    change left as they were (relative path -> sha256), whose code may introspect on the tests'
+    behalf (``grading.integrity.Secured.unchanged``). Raises ``SandboxError`` only when the sandbox
     cannot run it."""
     token = secrets.token_hex(8)
     nonce = secrets.token_hex(16)
@@ -126,12 +129,15 @@ def run_tests(
     os.close(nonce_write)
     channel = _Channel()
     readonly = sorted(set(protected or ()) | set(hidden))
+    (plugin_dir / "unchanged.json").write_text(json.dumps(
+        {sandbox.command_path(rel): digest for rel, digest in sorted((unchanged or {}).items())}))
     settings = {
         "results_fd": channel.write_fd,
         "nonce_fd": nonce_read,
         "trusted": None if protected is None else [sandbox.command_path(rel) for rel in readonly],
         "hidden": [sandbox.command_path(rel) for rel in hidden],
         "guard_values": guard_values,
+        "unchanged": str(plugin_dir / "unchanged.json") if unchanged else None,  # ro_binds: the same path inside
     }
     env = _pytest_environment(module, str(plugin_dir), per_test_timeout_s, autoload_plugins)
     env[SETTINGS_VARIABLE] = json.dumps(settings)

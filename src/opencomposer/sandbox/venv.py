@@ -384,6 +384,9 @@ def default_pythonpath(repo: Path) -> tuple[str, ...]:
 
 
 TEST_EXTRAS = ("test", "tests", "testing")
+DEV_EXTRAS = ("dev",)
+"""Installed by detection when a repository declares none of ``TEST_EXTRAS`` (isort keeps its test
+dependencies in a ``dev`` dependency group)."""
 REQUIREMENT_FILES = ("requirements.txt", "requirements-dev.txt", "requirements_dev.txt", "requirements-test.txt",
                      "requirements_test.txt", "requirements-tests.txt", "test-requirements.txt",
                      "dev-requirements.txt")
@@ -392,7 +395,7 @@ REQUIREMENT_FILES = ("requirements.txt", "requirements-dev.txt", "requirements_d
 def detect_repo_environment(repo: Path, base: EnvironmentSpec | None = None) -> EnvironmentSpec | None:
     """The ``[environment]`` an imported or mined repository needs, read from its files: its own
     dependencies (``install_repo``, with the ``test``/``tests``/``testing`` extras or dependency
-    groups it declares) and its name and version for ``importlib.metadata`` (``repo_metadata``), the
+    groups it declares, else a ``dev`` one) and its name and version for ``importlib.metadata`` (``repo_metadata``), the
     requirement files at its root that do not install the repository itself (no ``-e``, ``.`` or
     ``file:`` lines: the repository is imported from the workspace, never installed), and its code
     on PYTHONPATH (``default_pythonpath``). None when it has no packaging file, no requirement file
@@ -406,8 +409,10 @@ def detect_repo_environment(repo: Path, base: EnvironmentSpec | None = None) -> 
     if not (packaged or requirements or src_layout):
         return base
     plain = repo_dependencies(repo)[0] if packaged else []
-    extras = tuple(e for e in TEST_EXTRAS
-                   if packaged and (with_extra := repo_dependencies(repo, (e,))[0]) is not None and with_extra != plain)
+    extras: tuple[str, ...] = ()
+    for names in (TEST_EXTRAS, DEV_EXTRAS):  # a development extra only when no test extra is declared
+        extras = extras or tuple(e for e in names if packaged and (with_extra := repo_dependencies(repo, (e,))[0])
+                                 is not None and with_extra != plain)
     base = base or EnvironmentSpec()
     return dataclasses.replace(
         base, install_repo=packaged or base.install_repo, extras=extras or base.extras,
