@@ -104,8 +104,8 @@ def secure_workspace(workspace: Path, repo: Path, tests_dir: Path | None, protec
     wanted = {p.strip("/") for p in protected_paths} | set(hidden) | set(infrastructure) | set(unchanged_tests)
     secured.protected = _outermost(rel for rel in wanted if _plain_path(workspace, rel))
     for rel in present:  # the repository's own code the change left alone (its introspection is its own)
-        original = repo / rel
-        if rel.endswith(".py") and rel not in wanted and not is_test_path(rel) and _unchanged(workspace / rel, original):
+        original = repo / rel if (repo / rel).is_file() and not (repo / rel).is_symlink() else None
+        if original is not None and rel.endswith(".py") and rel not in wanted and not is_test_path(rel) and _unchanged(workspace / rel, original):
             secured.unchanged[rel] = hashlib.sha256(original.read_bytes()).hexdigest()
     return secured
 
