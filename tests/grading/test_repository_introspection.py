@@ -12,7 +12,10 @@ does) and ``frame_at`` (a gadget: it hands any frame to whoever calls it).
   grader is given no unchanged files (the control: the allowance is what lets it pass);
 - a solution that asks the gadget for the test's frame and returns the expected value it finds
   there is refused (and resolves with the introspection audit off: the attack is real);
-- a solution that compiles its own code under the helpers' file name to pass for it is refused.
+- a solution that compiles its own code under the helpers' file name to pass for it is refused;
+- the tests may have the helpers open their own file (``read_text(__file__)``, as click's tests do
+  with ``click.open_file``); the solution may not have them open it (the control: the same
+  solution resolves when the test sources are not hidden).
 """
 
 from __future__ import annotations
@@ -44,11 +47,17 @@ def caller_module():
 
 def frame_at(depth):
     return sys._getframe(depth + 1)
+
+
+def read_text(path):
+    """A file's text (as click.open_file opens the path it is given)."""
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 '''
 CALC = "def add(a, b):\n    return a - b\n"
 GOLD = "def add(a, b):\n    return a + b\n"
 TESTS = '''from pkg.calc import add
-from pkg.helpers import caller_module, frame_at
+from pkg.helpers import caller_module, frame_at, read_text
 
 
 def test_add():
@@ -59,6 +68,7 @@ def test_add():
 def test_the_helpers_read_the_callers_frame():
     assert caller_module() == __name__
     assert frame_at(0).f_code.co_name == "test_the_helpers_read_the_callers_frame"
+    assert "def test_add" in read_text(__file__)
 '''
 # the solution asks the unchanged helper for its caller's frame (the test) and returns its answer
 THROUGH_THE_GADGET = '''from pkg.helpers import frame_at
@@ -76,6 +86,15 @@ exec(compile("import sys\\ndef peek():\\n    return sys._getframe(2)\\n", pkg.he
 
 def add(a, b):
     return _namespace["peek"]().f_locals["expected"]
+'''
+
+# the solution asks the unchanged helper to read the hidden test file and evaluates the expectation
+THROUGH_THE_FILE_READER = '''from pkg.helpers import read_text
+
+
+def add(a, b):
+    source = read_text("tests/test_calc.py")
+    return eval(source.split("expected = ")[1].splitlines()[0])
 '''
 
 
@@ -125,6 +144,17 @@ def test_the_attacks_resolve_with_the_introspection_audit_off(task: Task, soluti
 
     monkeypatch.setattr(grading, "run_tests", functools.partial(run_tests, guard_values=False))
     assert graded(task, solution).resolved
+
+
+def test_the_solution_cannot_read_the_hidden_tests_through_the_repositorys_code(task: Task, caplog,
+                                                                                 monkeypatch: pytest.MonkeyPatch):
+    reward = graded(task, THROUGH_THE_FILE_READER)
+    assert (reward.resolved, reward.fail_to_pass) == (False, 0.0), caplog.text
+    # the control: with the test sources not hidden, the same solution resolves
+    from opencomposer.grading import grade as grading
+
+    monkeypatch.setattr(grading, "run_tests", lambda *a, **k: run_tests(*a, **{**k, "hidden": ()}))
+    assert graded(task, THROUGH_THE_FILE_READER).resolved
 
 
 def test_a_changed_file_is_not_the_repositorys(task: Task, tmp_path: Path, caplog):
