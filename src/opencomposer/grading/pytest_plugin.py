@@ -364,7 +364,8 @@ class Recorder:
         tests, pytest) is trusted code or such repository code too, so no code of the solution
         asked for what it reads (click's ``version_option`` reads its caller's globals, pyparsing's
         ``autoname_elements`` its caller's locals). Code of the solution that calls such a function
-        to reach the tests' frames is on that path and is refused."""
+        to reach the tests' frames is on that path and is refused, and so is such a function run
+        with no test below it on its stack (a thread's target the solution started)."""
         if not self.unchanged or frame is None or not self.unchanged_code(frame.f_code):
             return False
         frame = frame.f_back
@@ -375,7 +376,7 @@ class Recorder:
             if not self.trusted_file(filename) and not self.unchanged_code(frame.f_code):
                 return False
             frame = frame.f_back
-        return True
+        return False  # no test below it (a thread's target): no test asked for it
 
     def unchanged_code(self, code: types.CodeType) -> bool:
         """Whether ``code`` is, value for value, code compiled from one of the repository's files
