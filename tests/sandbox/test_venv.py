@@ -131,6 +131,12 @@ def test_test_dependencies_in_dependency_groups_and_self_referencing_extras(tmp_
                                              'more = ["pytest-xdist", "calc_pkg[tests]"]\n'})
     assert repo_dependencies(tmp_path / "s", ("tests",))[0] == ["hypothesis", "pytest-xdist", "zope.interface"]
     assert detect_repo_environment(tmp_path / "s").extras == ("tests",)
+    # setup.py's extras in a module-level dict (marshmallow before 2024)
+    write(tmp_path / "m", {"setup.py": "from setuptools import setup\nEXTRAS = {'tests': ['pytz'], 'docs': ['sphinx']}\n"
+                                       "EXTRAS['dev'] = EXTRAS['tests'] + ['tox']\n"
+                                       "setup(name='m', install_requires=['packaging'], extras_require=EXTRAS)\n"})
+    assert repo_dependencies(tmp_path / "m", ("tests",))[0] == ["packaging", "pytz"]
+    assert detect_repo_environment(tmp_path / "m").extras == ("tests",)
     write(tmp_path / "p", {"setup.py": "from setuptools import setup\nsetup(name='legacy', version='1.2')\n"})
     assert repo_name_version(tmp_path / "p") == ("legacy", "1.2")
     write(tmp_path / "n", {"setup.py": "from setuptools import setup\nsetup(name=NAME)\n"})

@@ -355,9 +355,16 @@ def _setup_py_requirements(path: Path, extras: tuple[str, ...]) -> list[str] | N
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError):
         return None
+    # module-level NAME = literal, so that extras_require=EXTRAS_REQUIRE is read too (the first
+    # binding; later item assignments such as EXTRAS_REQUIRE["dev"] = ... are not followed)
+    bound: dict[str, ast.expr] = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+            bound.setdefault(statement.targets[0].id, statement.value)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "setup":
-            keywords = {k.arg: k.value for k in node.keywords if k.arg}
+            keywords = {k.arg: bound.get(k.value.id, k.value) if isinstance(k.value, ast.Name) else k.value
+                        for k in node.keywords if k.arg}
             if any(k.arg is None for k in node.keywords):
                 return None  # setup(**options)
             try:
@@ -662,7 +669,8 @@ def _build_script(resolved: ResolvedEnvironment, final: Path) -> str:
     if resolved.spec.install_repo and resolved.repo_dependencies is None:
         # dependencies only the build backend knows: install the repository, then remove it again
         lines += [
-            f"{pip} install {options} --report /tmp/opencomposer-install.json .",
+            f"{pip} install {options} --report /tmp/opencomposer-install.json "
+            + shlex.quote(f".[{','.join(resolved.spec.extras)}]" if resolved.spec.extras else "."),
             f"name=$({env}/bin/python -c \"import json; print(next(i['metadata']['name'] for i in "
             f"json.load(open('/tmp/opencomposer-install.json'))['install'] if i.get('is_direct')))\")",
             f"{pip} uninstall -y \"$name\"",
