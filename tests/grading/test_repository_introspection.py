@@ -157,6 +157,58 @@ def test_the_solution_cannot_read_the_hidden_tests_through_the_repositorys_code(
     assert graded(task, THROUGH_THE_FILE_READER).resolved
 
 
+# A change whose own code asks inspect.getdoc for a test's nested function (click's `command`
+# decorator does, through a Group.command the change edited): getdoc looks the function's class up
+# in the hidden test module, and gives back a docstring only.
+CALC_DOC = "import inspect\n\n\ndef help_text(f):\n    return inspect.getdoc(f) or f.__name__\n\n\n" + CALC
+TESTS_DOC = '''from pkg.calc import add, help_text
+
+
+class TestAdd:
+    cases = {(2, 3): 5, (3, 4): 7}
+
+    def test_add(self):
+        for (a, b), expected in self.cases.items():
+            assert add(a, b) == expected
+
+    def test_help_text(self):
+        def cli():
+            pass
+
+        assert help_text(cli) == "cli"
+'''
+# the solution calls inspect's class finder itself, for the test class and the cases it holds
+THROUGH_FINDCLASS = CALC_DOC.replace("    return a - b\n", '''    probe = type("probe", (), {"__module__": "test_calc", "__qualname__": "TestAdd.probe"})
+    return inspect._findclass(probe).cases[(a, b)]
+''')
+
+
+@pytest.fixture(scope="module")
+def doc_task(tmp_path_factory: pytest.TempPathFactory) -> Task:
+    return write_task(tmp_path_factory.mktemp("getdoc") / "t", task_id="getdoc-of-a-test-function",
+                      instruction="add() subtracts; make it add.",
+                      repo={"pkg/__init__.py": "", "pkg/calc.py": CALC_DOC}, hidden_tests={"tests/test_calc.py": TESTS_DOC},
+                      fail_to_pass=["tests/test_calc.py::TestAdd::test_add"],
+                      pass_to_pass=["tests/test_calc.py::TestAdd::test_help_text"],
+                      gold_patch=file_diff("pkg/calc.py", CALC_DOC, CALC_DOC.replace("a - b", "a + b")))
+
+
+def test_getdoc_of_a_test_function_by_the_changed_code_grades(doc_task: Task, caplog):
+    reward = grade(doc_task, doc_task.gold_patch, "Done.", config=GradingConfig(lint=False))
+    assert (reward.resolved, reward.tampered, reward.pass_to_pass) == (True, False, 1.0), caplog.text
+
+
+def test_the_class_finder_called_by_the_solution_is_refused(doc_task: Task, caplog, monkeypatch: pytest.MonkeyPatch):
+    diff = file_diff("pkg/calc.py", CALC_DOC, THROUGH_FINDCLASS)
+    reward = grade(doc_task, diff, "Done.", config=GradingConfig(lint=False))
+    assert (reward.resolved, reward.fail_to_pass, reward.tampered) == (False, 0.0, True), caplog.text
+    assert "looked up the hidden test module" in caplog.text
+    from opencomposer.grading import grade as grading
+
+    monkeypatch.setattr(grading, "run_tests", functools.partial(run_tests, guard_values=False))
+    assert grade(doc_task, diff, "Done.", config=GradingConfig(lint=False)).resolved  # the control
+
+
 def test_a_changed_file_is_not_the_repositorys(task: Task, tmp_path: Path, caplog):
     """The same helpers, edited by the change (a comment added), are the solution's code: the
     tests' own calls to them are refused again (and the gold fix with them)."""
