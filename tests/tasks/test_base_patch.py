@@ -284,3 +284,25 @@ def test_write_task_stores_binary_and_crlf_files_in_the_setup_patch(tmp_path: Pa
     assert (task.repo / "logo.bin").read_bytes() == b"\0\x01binary"
     assert (task.repo / "win.txt").read_bytes() == b"a\r\nb\r\n"
     assert tree_hash(task.repo) == tree_hash(start)
+
+
+def test_a_large_setup_patch_is_stored_xz_compressed(tmp_path: Path):
+    """Past ``COMPRESS_SETUP_PATCH_BYTES`` the patch is ``setup.patch.xz`` (a real repository's old
+    commits differ from its one base by megabytes): the same start, a fraction of the bytes, and the
+    same bytes for the same patch; a file that is not xz is named."""
+    start = {"README.md": "# scratch\n", "big.txt": "".join(f"line {i} of a file the base lacks\n" for i in range(6000))}
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "README.md").write_text("# base\n")
+    task = write_task(tmp_path / "suite" / "t", task_id="t", instruction="Do it.", repo=start, fail_to_pass=[],
+                      pass_to_pass=[], base="../../base")
+    table = tomllib.loads((task.path / "task.toml").read_text())["repo"]
+    assert table == {"base": "../../base", "setup_patch": "setup.patch.xz"} and not (task.path / "setup.patch").exists()
+    packed = (task.path / "setup.patch.xz").read_bytes()
+    assert len(packed) * 10 < len(start["big.txt"]) and (task.repo / "big.txt").read_text() == start["big.txt"]
+    again = write_task(tmp_path / "suite" / "t2", task_id="t2", instruction="Do it.", repo=start, fail_to_pass=[],
+                       pass_to_pass=[], base="../../base")
+    assert (again.path / "setup.patch.xz").read_bytes() == packed
+    (again.path / "setup.patch.xz").write_bytes(b"not xz")
+    with pytest.raises(TaskFormatError, match="not an xz-compressed patch"):
+        load_task(again.path)

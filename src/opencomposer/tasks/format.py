@@ -21,6 +21,7 @@ import difflib
 import fcntl
 import hashlib
 import json
+import lzma
 import re
 import shutil
 import stat
@@ -42,6 +43,10 @@ VERIFIER_DIR, VERIFIER_SCRIPT = "verifier", "test.sh"
 """A Harbor verifier: ``verifier/test.sh`` (with its helpers) grades the task (``grading.grade``)."""
 REPO_KEYS = ("base", "setup_patch")
 SETUP_PATCH = "setup.patch"
+SETUP_PATCH_XZ = "setup.patch.xz"
+COMPRESS_SETUP_PATCH_BYTES = 64 << 10
+"""A setup patch larger than this is written xz-compressed (``setup.patch.xz``): a real repository's
+older commits differ from its one stored base by megabytes of diff, which compresses about 5x."""
 PROJECTS_DIR = Path(opencomposer.__file__).parent / "suites" / "projects"
 """The built-in source projects: a ``[repo] base`` without a ``/`` names one of these folders."""
 METADATA_CHOICES = {
@@ -190,7 +195,13 @@ def _starting_repo(folder: Path, data: dict[str, Any], toml_path: Path, task_id:
     patch_path = folder / name
     if not patch_path.is_file():
         raise TaskFormatError(patch_path, "", "missing; task.toml's [repo] setup_patch names it")
-    setup_patch = patch_path.read_bytes().decode("utf-8")  # not read_text: it would turn a hunk's CRLF into LF
+    raw = patch_path.read_bytes()  # not read_text: it would turn a hunk's CRLF into LF
+    if name.endswith(".xz"):
+        try:
+            raw = lzma.decompress(raw)
+        except lzma.LZMAError as e:
+            raise TaskFormatError(patch_path, "", f"task {task_id!r}: not an xz-compressed patch: {e}") from None
+    setup_patch = raw.decode("utf-8")
     try:
         parse_patch(setup_patch)
     except PatchError as e:
@@ -488,8 +499,13 @@ def write_task(
     else:
         data["repo"] = {"base": base}
         if setup_patch:
-            data["repo"]["setup_patch"] = SETUP_PATCH
-            (folder / SETUP_PATCH).write_text(setup_patch, encoding="utf-8")
+            encoded = setup_patch.encode("utf-8")
+            if len(encoded) > COMPRESS_SETUP_PATCH_BYTES:  # the same bytes for the same patch: xz is deterministic
+                data["repo"]["setup_patch"] = SETUP_PATCH_XZ
+                (folder / SETUP_PATCH_XZ).write_bytes(lzma.compress(encoded, preset=9 | lzma.PRESET_EXTREME))
+            else:
+                data["repo"]["setup_patch"] = SETUP_PATCH
+                (folder / SETUP_PATCH).write_bytes(encoded)
     data["metadata"] = dict(metadata or {})
     if budgets:
         data["budgets"] = dict(budgets)
