@@ -305,6 +305,15 @@ class RLConfig(Section):
     harder_weight: float = 1.0
     """``harder_later``: β of the weights exp(β · z); 0 draws uniformly among the remaining tasks, 1
     makes a task one standard deviation harder e ≈ 2.7 times as likely to be drawn. >= 0."""
+    task_pass_rate_band: list[float] = field(default_factory=list)
+    """[LOW, HIGH]: train only on the tasks the policy RL starts from resolves at a rate in
+    LOW..HIGH (inclusive), measured before the first step on ``task_pass_rate_samples`` episodes
+    each, in the stream's order until ``steps × batch_tasks`` are kept (``rl.screening``; the rates
+    in ``{run}/tasks/pass_rates.json``). A group that all passes or all fails has zero advantages;
+    ``[0.125, 0.875]`` with 8 samples keeps the tasks solved at least once and failed at least
+    once. Empty (default): every task of the stream, unscreened."""
+    task_pass_rate_samples: int = 8
+    """Episodes per candidate task when ``task_pass_rate_band`` screens the pool."""
     rollout_workers: int = 0
     """Episodes run at once (threads, each with its own sandbox; their model calls are batched);
     0 runs a whole step, B × G episodes, at once. Their commands (tool calls, grading) still run
@@ -349,6 +358,12 @@ class RLConfig(Section):
                 f'rl.task_sampling = "harder_later" draws each step\'s tasks from the estimates of the steps before, '
                 f'and rl.mode = {self.mode!r} samples ahead of them: use rl.mode = "sync" or rl.task_sampling = "in_order"'
             )
+        band = self.task_pass_rate_band
+        if band and not (len(band) == 2 and 0.0 <= band[0] <= band[1] <= 1.0):
+            raise ConfigError(f"rl.task_pass_rate_band: expected [] (off) or [LOW, HIGH] with 0 <= LOW <= HIGH <= 1, "
+                              f"got {band}")
+        if self.task_pass_rate_samples < 1:
+            raise ConfigError(f"rl.task_pass_rate_samples: must be >= 1, got {self.task_pass_rate_samples}")
         if self.task_family and (self.train_tasks or self.eval_suite):
             raise ConfigError(
                 f"rl.task_family = {self.task_family!r} generates the tasks; leave rl.train_tasks and "

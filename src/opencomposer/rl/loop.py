@@ -142,6 +142,8 @@ class RLRun:
         # [numerics]: the policy trains, and the reference scores, in the recipe's format; the
         # sampler copies the converted policy (rl.rollouts.make_sampler)
         convert_model(self.model, config.numerics)
+        if self.rl.task_pass_rate_band:
+            self._screen(initial, checkpoint is not None)
         reference = None
         if self.rl.kl.reference == "initial":
             from opencomposer.rl.trainer import frozen_copy
@@ -169,6 +171,20 @@ class RLRun:
         self.log = MetricsLog(self.run_dir, self.state.step if checkpoint else None, trackers=config.run.trackers,
                               recipe=to_toml(config), name=config.run.name)
         self.evaluations = read_metrics(self.log.path, kind="eval") if checkpoint else []
+
+    def _screen(self, initial: Path, resumed: bool) -> None:
+        """``rl.task_pass_rate_band``: screen the pool with the policy RL starts from (on a resume,
+        ``initial`` loaded again), keep the tasks inside the band (``rl.screening``), and check
+        again that the kept ones feed every step."""
+        from opencomposer.rl.screening import screen_pool
+
+        policy = self.model
+        if resumed:
+            policy = _load_folder(initial, self.config)[0]
+            convert_model(policy, self.config.numerics)
+        screen_pool(self.stream, self.config, self.run_dir, policy, self.tokenizer, resumed=resumed,
+                    progress=self.progress)
+        self.stream.check_length(self.rl.steps * self.rl.batch_tasks)
 
     def _check_stream_matches_record(self, checkpoint: Path) -> None:
         """Refuse to resume when the recipe now yields another task stream than the one the

@@ -10,6 +10,9 @@ same seed, which is what lets a resumed run continue exactly where its checkpoin
   ``{run}/tasks/train`` when first needed; the stream ends after one round of the split, each
   distinct prompt once (``tasks.generators.tiny.split_size``).
 
+With ``rl.task_pass_rate_band`` the pool is first screened (``rl.screening``): the stream is then
+the candidates the starting policy solves at a rate inside the band, in the same order.
+
 Single epoch (docs/recipe.md §4: a prompt is never trained on twice): both sources are finite and
 ``check_length`` refuses, at start and before any model is loaded, a recipe whose ``rl.steps × rl.batch_tasks``
 exceeds its stream (``opencomposer rl`` exits with status 2 and both counts).
@@ -167,12 +170,24 @@ class TaskStream:
             order = np.random.default_rng([config.run.seed, 0x7A5C]).permutation(len(tasks))
             self._tasks = [tasks[i] for i in order]
             self.size = len(self._tasks)  # every task of the folder once
+        self.pool_size = self.size  # the candidates; ``restrict`` may keep fewer (rl.screening)
+        self.kept: list[int] | None = None
+        self.screened = 0
         self.harder = rl.task_sampling == "harder_later"
         if self.harder:
             self.levels = [self._levels(k) for k in range(self.size)]
             self.estimator = DifficultyEstimator()
             self.draws: list[Draw] = []
             self.rng = np.random.default_rng([config.run.seed, 0x4A8D])
+
+    def restrict(self, kept: list[int], screened: int) -> None:
+        """Make the pool the candidates ``kept`` (their indices, in their order) of the ``screened``
+        first: ``rl.task_pass_rate_band``'s screen (``rl.screening``). Called before any draw."""
+        if self.harder and self.draws:
+            raise RuntimeError("TaskStream.restrict after a draw: the screen runs before the first step")
+        self.kept, self.screened, self.size = list(kept), screened, len(kept)
+        if self.harder:
+            self.levels = [self._levels(k) for k in range(self.size)]
 
     def task(self, index: int) -> Task:
         """The task at stream position ``index`` (under ``harder_later``, once drawn)."""
@@ -190,6 +205,10 @@ class TaskStream:
         return self.draws[index]
 
     def _pool_task(self, k: int) -> Task:
+        return self.candidate(k if self.kept is None else self.kept[k])
+
+    def candidate(self, k: int) -> Task:
+        """Candidate ``k`` of the pool before any screen (``pool_size`` of them)."""
         if self._tasks is not None:
             return self._tasks[k]
         from opencomposer.tasks.format import load_task
@@ -207,6 +226,7 @@ class TaskStream:
     def _levels(self, k: int) -> tuple[str, ...]:
         """Pool task ``k``'s keys of likeness, most specific first (module doc), read without
         writing a generated task: its id; family (kind, stated difficulty) and turn budget; family."""
+        k = k if self.kept is None else self.kept[k]
         if self._tasks is not None:
             task = self._tasks[k]
             family = "/".join(str(task.metadata.get(name, "")) for name in ("family", "kind", "difficulty"))
@@ -274,6 +294,13 @@ class TaskStream:
         rl = self.config.rl
         source = (f"rl.task_family = {rl.task_family!r}: its training split holds {self.size} distinct prompts"
                   if rl.task_family else f"rl.train_tasks: {self.size} tasks")
+        if self.kept is not None:
+            raise ConfigError(
+                f"rl.task_pass_rate_band = {list(rl.task_pass_rate_band)} kept {self.size} of the {self.screened} "
+                f"candidate tasks (all of the pool's {self.pool_size} screened), but rl.steps × rl.batch_tasks = "
+                f"{rl.steps} × {rl.batch_tasks} = {needed}; widen the band, lower rl.steps or rl.batch_tasks, or add "
+                f"tasks. The rates are kept in tasks/pass_rates.json of the run folder: the same command screens no "
+                f"task twice")
         raise ConfigError(
             f"{source}, but rl.steps × rl.batch_tasks = {rl.steps} × {rl.batch_tasks} = {needed}; each prompt "
             f"is trained on once (single epoch), so lower rl.steps or rl.batch_tasks to fit {self.size} "
