@@ -20,7 +20,7 @@ resumes where the last one stopped (RL from its newest checkpoint):
    table on stdout.
 
     .venv/bin/python benchmarks/smollm2_bugs.py                  # the recipe as shipped (~2 h here)
-    .venv/bin/python benchmarks/smollm2_bugs.py --quick          # every stage, shrunk (the slow test)
+    .venv/bin/python benchmarks/smollm2_bugs.py --quick          # every stage, at its smallest (minutes)
 """
 
 from __future__ import annotations
@@ -38,11 +38,18 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-bugs.toml"
 RESULTS = Path(__file__).parent / "results"
 
-# --quick: every stage at the smallest size that still shows something (tests/bench/test_smollm2_bugs.py)
+# --quick: every stage at its smallest, to show the path runs (tests/test_benchmarks_quick.py):
+# 2 demonstrations, 2 SFT steps, 1 RL step, 1 held-out task once, turns of at most 32 tokens
 QUICK_OVERRIDES = [
-    "sft.num_tasks=8", "sft.steps=8", "sft.batch_size=4", "sft.lr=2e-4", "sft.warmup_steps=1",
-    "rl.steps=2", "rl.batch_tasks=1", "rl.group_size=2", "rl.lr_warmup_steps=0", "rl.eval_every=2",
-    "rl.eval_tasks=2", "rl.eval_samples=2", "tasks.max_turns=6", "sampling.max_new_tokens=128",
+    "sft.num_tasks=2", "sft.steps=2", "sft.batch_size=1", "sft.lr=2e-4", "sft.warmup_steps=1",
+    "rl.steps=1", "rl.batch_tasks=1", "rl.group_size=2", "rl.lr_warmup_steps=0", "rl.eval_every=1",
+    "rl.eval_tasks=1", "rl.eval_samples=1", "tasks.max_turns=6", "sampling.max_new_tokens=32",
+]
+# the smallest size at which SFT's effect shows (fewer format errors than the base model):
+# --quick with these as --set (tests/bench/test_smollm2_bugs.py; about 10 minutes on two cores)
+SHOWS_SFT = [
+    "sft.num_tasks=8", "sft.steps=8", "sft.batch_size=4", "rl.steps=2", "rl.eval_every=2", "rl.eval_tasks=2",
+    "rl.eval_samples=2", "sampling.max_new_tokens=128",
 ]
 
 
@@ -63,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=None,
                         help=f"where smollm2_bugs.json / .png go (default: {RESULTS}; with --quick, a temporary "
                              "folder)")
-    parser.add_argument("--quick", action="store_true", help="every stage, shrunk: 8 demonstrations, 2 RL steps")
+    parser.add_argument("--quick", action="store_true", help="every stage, shrunk: 2 demonstrations, 1 RL step")
     parser.add_argument("--no-base", action="store_true", help="skip the base model's evaluation")
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="opencomposer-quick-")) if args.quick else None

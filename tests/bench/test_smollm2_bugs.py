@@ -1,7 +1,8 @@
 """``benchmarks/smollm2_bugs.py`` (issue 17) shrunk: SmolLM2-135M end to end on real bug tasks.
 
-Every stage of the experiment at its smallest (``--quick``: 8 demonstrations, 8 SFT steps, 2 RL
-steps, 2 held-out tasks x 2 samples) into ``tmp_path``: the pool is made and split, the base model
+Every stage of the experiment at the smallest size at which SFT's effect shows (``--quick`` with
+``SHOWS_SFT``: 8 demonstrations, 8 SFT steps, 2 RL steps, 2 held-out tasks x 2 samples) into
+``tmp_path``: the pool is made and split, the base model
 is evaluated, SFT's loss falls, the SFT model makes fewer format errors per turn than the base
 model on the held-out tasks, RL steps run and are evaluated, the JSON and the plot are written,
 and a rerun reuses every finished stage. Slow (about 10 minutes on two cores): the numbers of the
@@ -28,7 +29,8 @@ def _script():
 @pytest.mark.timeout(1800)  # ~10 minutes alone; 900 s (the suite's default) ran out beside the slow set
 def test_quick_run_end_to_end(tmp_path, smollm2):
     script = _script()
-    argv = ["--quick", "--out-dir", str(tmp_path / "work"), "--results", str(tmp_path / "results")]
+    argv = ["--quick", "--out-dir", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+            *(f"--set={override}" for override in script.SHOWS_SFT)]
     results = script.main(argv)
     assert json.loads((tmp_path / "results" / "smollm2_bugs_quick.json").read_text()) == results
     assert (tmp_path / "results" / "smollm2_bugs_quick.png").stat().st_size > 0

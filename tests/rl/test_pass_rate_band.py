@@ -188,6 +188,11 @@ def test_the_real_loop_trains_the_kept_tasks_once_and_a_resume_screens_with_the_
     assert len(rates) == 4 and all(r["scored"] == 2 and r["kept"] for r in rates)
     assert [r["task_id"] for r in trained] == [r["task_id"] for r in rates]  # the kept tasks, in order, once each
     assert read("resumed") == (trained, rates)
+    # the screen's sampling is in the run's cost: more tokens sampled than its training rollouts hold
+    rollouts = [json.loads(line) for path in sorted((tmp_path / "straight" / "rollouts").glob("step-*.jsonl"))
+                for line in path.read_text().splitlines()]
+    cost = json.loads((tmp_path / "straight" / "cost.json").read_text())
+    assert cost["tokens"]["sampled"] > sum(row["tokens"] for row in rollouts)
     # the resume screened its second step's tasks with the policy the run started from, not step 1's
     fresh, resumed = policies[1], policies[2]
     assert all(torch.equal(a, b) for a, b in zip(fresh, resumed, strict=True))

@@ -142,8 +142,6 @@ class RLRun:
         # [numerics]: the policy trains, and the reference scores, in the recipe's format; the
         # sampler copies the converted policy (rl.rollouts.make_sampler)
         convert_model(self.model, config.numerics)
-        if self.rl.task_pass_rate_band:
-            self._screen(initial, checkpoint is not None)
         reference = None
         if self.rl.kl.reference == "initial":
             from opencomposer.rl.trainer import frozen_copy
@@ -156,6 +154,8 @@ class RLRun:
         self.cost = CostMeter("rl", config.run, self.model, devices=self.world.size)  # before the trainer shards it
         if checkpoint is not None:
             self.cost.resume(self.run_dir)
+        if self.rl.task_pass_rate_band:  # before the trainer shards the policy
+            self._screen(initial, checkpoint is not None)
         self.trainer = Trainer(self.model, self.tokenizer, config, reference=reference, world=self.world)
         self.state = RunState()
         if checkpoint is not None:
@@ -183,7 +183,8 @@ class RLRun:
             policy = _load_folder(initial, self.config)[0]
             convert_model(policy, self.config.numerics)
         screen_pool(self.stream, self.config, self.run_dir, policy, self.tokenizer, resumed=resumed,
-                    progress=self.progress)
+                    progress=self.progress, observe=lambda groups: [self.cost.episode(e) for g in groups
+                                                                    for e in g.episodes])
         self.stream.check_length(self.rl.steps * self.rl.batch_tasks)
 
     def _check_stream_matches_record(self, checkpoint: Path) -> None:

@@ -22,13 +22,16 @@ lacks; the rates do not depend on the band, so a band changed before the first c
 anew from them (after one, the resume check refuses a stream that changed). A record made with
 another ``rl.task_pass_rate_samples`` is screened again on a fresh run and refused on a resume.
 Every screened episode is left out of training: the screen only chooses tasks. Its cost is
-``samples`` episodes per screened task, paid once; it is printed with what was kept.
+``samples`` episodes per screened task, paid once: printed with what was kept, and counted in the
+run's ``cost.json`` as sampling (a screen cut short by a crash is not counted again on the restart,
+which reuses its record).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -109,10 +112,11 @@ def kept_indices(screened: dict[int, Screened], band: list[float], needed: int) 
 
 
 def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokenizer: Any, *, resumed: bool,
-                progress: bool = True, grader: Any = None) -> list[int]:
+                progress: bool = True, grader: Any = None,
+                observe: Callable[[list[Group]], Any] | None = None) -> list[int]:
     """Screen ``stream``'s pool with ``policy`` (module doc), restrict the stream to the kept tasks
     and return their pool indices. ``grader`` as in ``rl.rollouts.run_groups`` (the real one when
-    None)."""
+    None); ``observe`` is given each chunk's groups (the run counts their cost)."""
     from opencomposer.grading.grade import grade
     from opencomposer.rl.rollouts import episode_seed, make_sampler, run_groups
     from opencomposer.training.progress import ProgressBar
@@ -121,7 +125,7 @@ def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokeniz
     band, samples, needed = list(rl.task_pass_rate_band), rl.task_pass_rate_samples, rl.steps * rl.batch_tasks
     screened = read_record(run_dir, samples, resumed)
     kept = kept_indices(screened, band, needed)
-    started, batcher = time.perf_counter(), None
+    started, batcher, episodes = time.perf_counter(), None, 0
     next_index = 0  # the candidates are screened in order
     while next_index in screened:
         next_index += 1
@@ -137,6 +141,9 @@ def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokeniz
                                     group_size=samples, seeds=seeds, workers=rl.rollout_workers,
                                     grader=grader or grade)
                 _check_not_all_failed(groups)
+                if observe is not None:
+                    observe(groups)
+                episodes += len(chunk) * samples
                 screened.update((k, screened_from_group(k, g)) for k, g in zip(chunk, groups, strict=True))
                 next_index = chunk[-1] + 1
                 kept = kept_indices(screened, band, needed)
@@ -153,7 +160,8 @@ def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokeniz
         rates = [row.rate for row in screened.values() if row.rate is not None]
         print(f"rl.task_pass_rate_band = {band}: kept {len(kept)} of {len(screened)} tasks screened "
               f"({sum(r < band[0] for r in rates)} below, {sum(r > band[1] for r in rates)} above, "
-              f"{len(screened) - len(rates)} without a scored episode); {Path(run_dir) / RECORD}", flush=True)
+              f"{len(screened) - len(rates)} without a scored episode); {episodes} episodes screened now in "
+              f"{time.perf_counter() - started:.0f} s; {Path(run_dir) / RECORD}", flush=True)
     return kept
 
 
