@@ -60,11 +60,12 @@ from opencomposer.rl.checkpoint import (
     save_training_checkpoint,
 )
 from opencomposer.rl.report import hack_record, write_run_page
+from opencomposer.rl.rollouts import infrastructure_down
 from opencomposer.rl.tasks import Draw
 from opencomposer.training.cost import CostMeter
 from opencomposer.training.metrics import MetricsLog, read_metrics
 from opencomposer.training.progress import ProgressBar
-from opencomposer.types import EpisodeStatus, Group, InfrastructureDown
+from opencomposer.types import Group, InfrastructureDown
 
 
 def lock_run_folder(run_dir: Path):
@@ -369,13 +370,13 @@ def check_not_all_failed(groups: list[Group], step: int) -> None:
     the same command resumes from the last checkpoint and samples these prompts again. A step of
     one task is left to the usual drop: that task's own environment may be what is broken, and
     stopping would meet it again on every resume."""
-    episodes = [e for g in groups for e in g.episodes]
-    if len(groups) < 2 or not episodes or any(e.status != EpisodeStatus.INFRA_ERROR for e in episodes):
+    first = infrastructure_down(groups)
+    if first is None:
         return
     raise InfrastructureDown(
-        f"every episode of step {step} ({len(episodes)}) failed on infrastructure, not the policy; the first: "
-        f"{episodes[0].error}. Nothing of this step was trained or recorded: fix the cause and run the same "
-        "command again, which resumes from the last checkpoint")
+        f"every episode of step {step} ({sum(len(g.episodes) for g in groups)}) failed on infrastructure, not the "
+        f"policy; the first: {first.error}. Nothing of this step was trained or recorded: fix the cause and run the "
+        "same command again, which resumes from the last checkpoint")
 
 
 def drawn_metrics(drawn: list[Draw]) -> dict[str, float]:

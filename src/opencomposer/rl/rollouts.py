@@ -228,6 +228,16 @@ def run_groups(
     return [future.result() for future in futures]
 
 
+def infrastructure_down(groups: list[Group]) -> Episode | None:
+    """The first episode when every episode of ``groups``, two groups or more, failed on
+    infrastructure: the engine or the sandbox is down, not the policy wrong. None otherwise (one
+    group alone may be its own task's broken environment)."""
+    episodes = [e for g in groups for e in g.episodes]
+    if len(groups) < 2 or not episodes or any(e.status != EpisodeStatus.INFRA_ERROR for e in episodes):
+        return None
+    return episodes[0]
+
+
 @dataclass
 class RolloutBatch:
     """What a rollout source hands the trainer for one step (``protocols.RolloutSource``)."""

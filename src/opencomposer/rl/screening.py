@@ -38,7 +38,7 @@ from typing import Any
 
 from opencomposer.config import Config, ConfigError
 from opencomposer.io import atomic_write_text
-from opencomposer.types import EpisodeStatus, Group, InfrastructureDown
+from opencomposer.types import Group, InfrastructureDown
 
 RECORD = Path("tasks") / "pass_rates.json"
 
@@ -166,9 +166,11 @@ def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokeniz
 
 
 def _check_not_all_failed(groups: list[Group]) -> None:
-    """A chunk of two tasks or more whose every episode failed on infrastructure stops the screen:
-    the engine or the sandbox is down, and recording the chunk would drop its tasks for good."""
-    episodes = [e for g in groups for e in g.episodes]
-    if len(groups) >= 2 and episodes and all(e.status == EpisodeStatus.INFRA_ERROR for e in episodes):
+    """Stop the screen when a whole chunk failed on infrastructure (``rollouts.infrastructure_down``):
+    recording it would leave its tasks out for good."""
+    from opencomposer.rl.rollouts import infrastructure_down
+
+    first = infrastructure_down(groups)
+    if first is not None:
         raise InfrastructureDown(f"every screening episode of {len(groups)} tasks failed on infrastructure; the "
-                                 f"first: {episodes[0].error}. Fix the cause and run the same command again")
+                                 f"first: {first.error}. Fix the cause and run the same command again")
