@@ -103,7 +103,8 @@ def test_a_restart_screens_nothing_twice_and_a_new_band_selects_from_the_record(
     assert not {s[0] for s in again.seeds} & {rollouts.episode_seed(seed, "screen", k, 0) for k in range(max(kept) + 1)}
     # a narrower band: chosen again from the rates, more screened where they do not suffice
     _, half = _screen(tmp_path, "rl.task_pass_rate_band=[0.5, 0.5]")
-    assert half == kept_indices(read_record(tmp_path, 4, resumed=False), [0.5, 0.5], 12)
+    assert half == kept_indices(read_record(tmp_path, 4, resumed=False)[0], [0.5, 0.5], 12)
+    assert [r["pool_index"] for r in json.loads((tmp_path / RECORD).read_text())["tasks"] if r["kept"]] == half
     assert all(simulated_rate(TaskStream(_config(tmp_path), tmp_path).candidate(k).id) == 0.5 for k in half)
 
 

@@ -17,7 +17,7 @@ groups. With a band, before its first step, the run screens its pool:
   ``harder_later`` draws among them.
 
 ``{run}/tasks/pass_rates.json`` records every screened candidate (pool index, id, resolved and
-scored episodes, rate, kept), rewritten after each chunk. A restart screens only the candidates it
+scored episodes, rate, kept) and the screen's seconds, rewritten after each chunk. A restart screens only the candidates it
 lacks; the rates do not depend on the band, so a band changed before the first checkpoint selects
 anew from them (after one, the resume check refuses a stream that changed). A record made with
 another ``rl.task_pass_rate_samples`` is screened again on a fresh run and refused on a resume.
@@ -67,25 +67,25 @@ def screened_from_group(pool_index: int, group: Group) -> Screened:
     return Screened(pool_index, group.task.id, sum(bool(e.grade and e.grade.resolved) for e in scored), len(scored))
 
 
-def read_record(run_dir: Path, samples: int, resumed: bool) -> dict[int, Screened]:
-    """The candidates screened so far, by pool index; empty when there is no record, or when it
-    was made with another number of samples on a fresh run (screened again). On a resume such a
-    record is refused: the run's tasks were chosen by it."""
+def read_record(run_dir: Path, samples: int, resumed: bool) -> tuple[dict[int, Screened], float]:
+    """The candidates screened so far, by pool index, and the seconds the screen took; nothing
+    when there is no record, or when it was made with another number of samples on a fresh run
+    (screened again). On a resume such a record is refused: the run's tasks were chosen by it."""
     path = Path(run_dir) / RECORD
     if not path.is_file():
-        return {}
+        return {}, 0.0
     try:
         record = json.loads(path.read_text())
         rows = [Screened(r["pool_index"], r["task_id"], r["resolved"], r["scored"]) for r in record["tasks"]]
-        recorded_samples = int(record["samples"])
+        recorded_samples, seconds = int(record["samples"]), float(record["seconds"])
     except (ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"{path}: not a pass-rate record ({error}); remove it to screen again") from None
     if recorded_samples != samples:
         if resumed:
             raise ConfigError(f"{path} was screened with rl.task_pass_rate_samples = {recorded_samples}, and this "
                               f"resumed run asks for {samples}: restore it, or start a new run folder")
-        return {}
-    return {row.pool_index: row for row in rows}
+        return {}, 0.0
+    return {row.pool_index: row for row in rows}, seconds
 
 
 def write_record(run_dir: Path, config: Config, screened: dict[int, Screened], kept: list[int], seconds: float) -> None:
@@ -123,7 +123,7 @@ def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokeniz
 
     rl = config.rl
     band, samples, needed = list(rl.task_pass_rate_band), rl.task_pass_rate_samples, rl.steps * rl.batch_tasks
-    screened = read_record(run_dir, samples, resumed)
+    screened, before = read_record(run_dir, samples, resumed)
     kept = kept_indices(screened, band, needed)
     started, batcher, episodes = time.perf_counter(), None, 0
     next_index = 0  # the candidates are screened in order
@@ -147,14 +147,14 @@ def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokeniz
                 screened.update((k, screened_from_group(k, g)) for k, g in zip(chunk, groups, strict=True))
                 next_index = chunk[-1] + 1
                 kept = kept_indices(screened, band, needed)
-                write_record(run_dir, config, screened, kept, time.perf_counter() - started)
+                write_record(run_dir, config, screened, kept, before + time.perf_counter() - started)
                 bar.update(len(kept), screened=len(screened), kept=len(kept))
     finally:
         close = getattr(getattr(batcher, "engine", None), "close", None)
         if close is not None:  # an engine holding a device's memory (vLLM) gives it back now
             close()
-    if not (Path(run_dir) / RECORD).is_file():
-        write_record(run_dir, config, screened, kept, 0.0)
+    if not (Path(run_dir) / RECORD).is_file() or not episodes:  # the band's selection, also when nothing was screened
+        write_record(run_dir, config, screened, kept, before)
     stream.restrict(kept, screened=len(screened))
     if progress:
         rates = [row.rate for row in screened.values() if row.rate is not None]
