@@ -70,15 +70,21 @@ def pretrained(kind: str, tokenizer, corpus, steps: int, stale_steps: int, stale
     return model.eval(), stale
 
 
-def prompts_from(corpus, tokenizer, count: int, length: int) -> list[list[int]]:
-    """The first ``length`` tokens of ``count`` held-out files (those that have as many)."""
+def prompts_from(corpus, tokenizer, count: int, length: int, quick: bool = False) -> list[list[int]]:
+    """The first ``length`` tokens of ``count`` held-out files (those that have as many). A quick
+    run's small corpus may hold too few held-out files (2% of them): it takes the rest from the
+    training files, the last first; a measurement refuses to."""
     prompts = []
-    for code_file in corpus.heldout:
+    files = [*corpus.heldout, *(corpus.train[::-1] if quick else [])]
+    for code_file in files:
         ids = tokenizer.encode(code_file.text)
         if len(ids) >= length:
             prompts.append(ids[:length])
         if len(prompts) == count:
             break
+    if len(prompts) < count:
+        raise SystemExit(f"router_replay: {len(corpus.heldout)} held-out files give {len(prompts)} prompts of "
+                         f"{length} tokens, not --prompts {count}; raise --corpus-files")
     return prompts
 
 
@@ -176,7 +182,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tokenizer = default_tokenizer()
     corpus = build_corpus(CorpusConfig(max_files=args.corpus_files))
-    prompts = prompts_from(corpus, tokenizer, args.prompts, args.prompt_tokens)
+    prompts = prompts_from(corpus, tokenizer, args.prompts, args.prompt_tokens, quick=args.quick)
     pad_id = int(tokenizer.pad_token_id)
     results = {"args": {k: _shown(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "results_dir"},
                "torch_threads": torch.get_num_threads(), "models": {}}

@@ -2,7 +2,8 @@
 
 One subprocess per script (found by glob: a new script is covered without a change here), each
 must exit 0, print a table, and leave ``benchmarks/results/`` untouched (a quick run's numbers go
-to a temporary folder). Slow: all of them together take minutes; ``make test-all`` runs them.
+to a temporary folder). Slow: all of them together take minutes; ``make test-all`` runs them. The
+two SmolLM2 scripts are run by tests of their own instead (``OWN_TEST``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))  # _quick.py is their helper
+# scripts whose --quick path a test of their own runs (with more checks), so not twice in the slow set:
+# both load SmolLM2 and take 4-30 minutes even quick, by the load on the machine
+OWN_TEST = {
+    "smollm2_bugs": "tests/bench/test_smollm2_bugs.py",
+    "smollm2_practical": "tests/bench/test_smollm2_practical.py",
+}
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py")
+                 if not p.name.startswith("_") and p.stem not in OWN_TEST)  # _quick.py is their helper
 COLUMNS = re.compile(r"\s{2,}|\s*[|│┃]\s*")
 
 
@@ -29,6 +37,12 @@ def printed_table(stdout: str) -> bool:
 
 def results_state() -> dict[str, int]:
     return {str(p.relative_to(BENCHMARKS)): p.stat().st_mtime_ns for p in (BENCHMARKS / "results").rglob("*")}
+
+
+def test_every_script_left_out_has_a_test_that_runs_its_quick_path():
+    for name, test in OWN_TEST.items():
+        assert (BENCHMARKS / f"{name}.py").is_file(), name
+        assert "--quick" in (ROOT / test).read_text(), (name, test)
 
 
 def test_the_table_check():
