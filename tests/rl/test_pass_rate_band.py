@@ -37,7 +37,7 @@ class Simulated:
 
     def __init__(self, monkeypatch, down: frozenset[str] = frozenset()):
         self.episodes, self.down, self.seeds = 0, down, []
-        monkeypatch.setattr(rollouts, "make_sampler", lambda *a, **k: _Closable())
+        monkeypatch.setattr(rollouts, "make_sampler", lambda *a, **k: object())  # the screen only passes it on
         monkeypatch.setattr(rollouts, "run_groups", self.run_groups)
 
     def run_groups(self, tasks, batcher, tokenizer, config, *, group_size, seeds, **_):
@@ -52,11 +52,6 @@ class Simulated:
                                      grade=_grade(j < passing)) for j in range(group_size)]
             groups.append(Group(task=task, episodes=episodes))
         return groups
-
-
-class _Closable:
-    def close(self) -> None:
-        pass
 
 
 def _config(tmp_path: Path, *overrides: str):
