@@ -62,7 +62,8 @@ def _config(tmp_path: Path, *overrides: str):
 def _screen(tmp_path: Path, *overrides: str, resumed: bool = False) -> tuple[TaskStream, list[int]]:
     config = _config(tmp_path, *overrides)
     stream = TaskStream(config, tmp_path)
-    kept = screen_pool(stream, config, tmp_path, policy=None, tokenizer=None, resumed=resumed, progress=False)
+    kept = screen_pool(stream, config, tmp_path, policy=lambda: None, tokenizer=None, resumed=resumed,
+                       progress=False)
     return stream, kept
 
 
@@ -89,7 +90,9 @@ def test_a_restart_screens_nothing_twice_and_a_new_band_selects_from_the_record(
     Simulated(monkeypatch)
     _screen(tmp_path)
     again = Simulated(monkeypatch)
-    _, kept = _screen(tmp_path)
+    config = _config(tmp_path)
+    kept = screen_pool(TaskStream(config, tmp_path), config, tmp_path, tokenizer=None, resumed=True, progress=False,
+                       policy=lambda: pytest.fail("a restart with every rate recorded loaded a policy"))
     assert again.episodes == 0
     # more steps: only the candidates after those recorded are screened
     stream, more = _screen(tmp_path, "rl.steps=6")
@@ -120,7 +123,7 @@ def test_too_few_tasks_in_the_band_is_one_clear_error_after_which_nothing_is_scr
                                 "rl.task_pass_rate_band=[0.6, 0.9]", f"run.out_dir={tmp_path}",
                                 f"rl.train_tasks={Path(__file__).parents[1] / 'fixtures' / 'tasks'}"])
     stream = TaskStream(config, tmp_path)
-    screen_pool(stream, config, tmp_path, None, None, resumed=False, progress=False)  # no task at 0.6-0.9
+    screen_pool(stream, config, tmp_path, lambda: None, None, resumed=False, progress=False)  # no task at 0.6-0.9
     with pytest.raises(ConfigError, match=r"rl.task_pass_rate_band = \[0.6, 0.9\] kept 0 of the .* widen the band"):
         stream.check_length(4)
     assert simulated.episodes == 2 * stream.pool_size
@@ -163,8 +166,11 @@ def test_the_real_loop_trains_the_kept_tasks_once_and_a_resume_screens_with_the_
     policies = []  # the weights each screen was given
 
     def recording(stream, config, run_dir, policy, *args, **kwargs):
-        policies.append([p.detach().clone() for p in policy.parameters()])
-        return screen_pool(stream, config, run_dir, policy, *args, **kwargs)
+        def loaded():
+            model = policy()
+            policies.append([p.detach().clone() for p in model.parameters()])
+            return model
+        return screen_pool(stream, config, run_dir, loaded, *args, **kwargs)
 
     monkeypatch.setattr(screening, "screen_pool", recording)
     small = ["run.threads=1", "model.hidden_size=64", "model.num_layers=2", "model.head_dim=16", "model.num_experts=4",
@@ -190,6 +196,7 @@ def test_the_real_loop_trains_the_kept_tasks_once_and_a_resume_screens_with_the_
     cost = json.loads((tmp_path / "straight" / "cost.json").read_text())
     assert cost["tokens"]["sampled"] > sum(row["tokens"] for row in rollouts)
     # the resume screened its second step's tasks with the policy the run started from, not step 1's
+    assert len(policies) == 3  # each run that had a task left to screen loaded a policy, once
     fresh, resumed = policies[1], policies[2]
     assert all(torch.equal(a, b) for a, b in zip(fresh, resumed, strict=True))
     step1 = _load_folder(tmp_path / "resumed" / "checkpoints" / "step-000001" / "model", config)[0]

@@ -175,14 +175,17 @@ class RLRun:
 
     def _screen(self, initial: Path, resumed: bool) -> None:
         """``rl.task_pass_rate_band``: screen the pool with the policy RL starts from (on a resume,
-        ``initial`` loaded again), keep the tasks inside the band (``rl.screening``), and check
+        ``initial`` loaded again, only if a task is left to screen), keep the tasks inside the band (``rl.screening``), and check
         again that the kept ones feed every step."""
         from opencomposer.rl.screening import screen_pool
 
-        policy = self.model
-        if resumed:
-            policy = _load_folder(initial, self.config)[0]
-            convert_model(policy, self.config.numerics)
+        def policy() -> torch.nn.Module:
+            if not resumed:
+                return self.model
+            model = _load_folder(initial, self.config)[0]
+            convert_model(model, self.config.numerics)
+            return model
+
         screen_pool(self.stream, self.config, self.run_dir, policy, self.tokenizer, resumed=resumed,
                     progress=self.progress, observe=lambda groups: [self.cost.episode(e) for g in groups
                                                                     for e in g.episodes])

@@ -111,10 +111,11 @@ def kept_indices(screened: dict[int, Screened], band: list[float], needed: int) 
     return kept
 
 
-def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokenizer: Any, *, resumed: bool,
+def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Callable[[], Any], tokenizer: Any, *, resumed: bool,
                 progress: bool = True, grader: Any = None,
                 observe: Callable[[list[Group]], Any] | None = None) -> list[int]:
-    """Screen ``stream``'s pool with ``policy`` (module doc), restrict the stream to the kept tasks
+    """Screen ``stream``'s pool with the model ``policy()`` gives (called only when a candidate is
+    left to screen: a restart that has its rates loads nothing), restrict the stream to the kept tasks
     and return their pool indices. ``grader`` as in ``rl.rollouts.run_groups`` (the real one when
     None); ``observe`` is given each chunk's groups (the run counts their cost)."""
     from opencomposer.grading.grade import grade
@@ -135,7 +136,7 @@ def screen_pool(stream: Any, config: Config, run_dir: Path, policy: Any, tokeniz
             while len(kept) < needed and next_index < stream.pool_size:
                 chunk = [k for k in range(next_index, min(next_index + rl.batch_tasks, stream.pool_size))]
                 if batcher is None:
-                    batcher = make_sampler(config, policy, tokenizer, 0)
+                    batcher = make_sampler(config, policy(), tokenizer, 0)
                 seeds = [[episode_seed(config.run.seed, "screen", k, j) for j in range(samples)] for k in chunk]
                 groups = run_groups([stream.candidate(k) for k in chunk], batcher, tokenizer, config,
                                     group_size=samples, seeds=seeds, workers=rl.rollout_workers,
