@@ -256,27 +256,31 @@ def test_a_phase_training_the_append_source_reports_the_append_probe(tmp_path: P
 
 
 # the probe recipe of docs/pretraining.md ("The retrieval probe"): three layers, a copy phase, a code
-# phase with the generated sources in the mix, a long-context extension
+# phase with the generated sources in the mix, a long-context extension. The code phase is 3,000
+# steps: at 1,500 the test passed with the libraries of 2026-12-05 and failed with those of
+# 2026-12-07 (the probe at 0 until ~2,000 steps into the phase, then climbing within 1,000):
+# copying forms at a phase transition, and 1,500 sat on its edge (docs/pretraining.md)
 PROBE_MODEL = ["model.num_layers=3", "model.num_mtp_layers=0"]
 PROBE_MIX = 'sources=["stdlib", "recall", "copy"], weights=[0.3, 0.5, 0.2]'
 PROBE_EXTENSION_STEPS = 3000
 PROBE_PHASES = (
     '[{name="copy", seq_len=64, steps=2000, batch_size=16, lr=3e-3, warmup_steps=30, schedule="constant", '
     'sources=["copy"], weights=[1.0]}, '
-    f'{{name="main", seq_len=64, steps=1500, batch_size=16, lr=3e-3, warmup_steps=10, {PROBE_MIX}}}, '
+    f'{{name="main", seq_len=64, steps=3000, batch_size=16, lr=3e-3, warmup_steps=10, {PROBE_MIX}}}, '
     f'{{name="long-context", seq_len=256, steps=EXTENSION, batch_size=8, lr=3e-3, warmup_steps=10, rope_theta=1e5, '
     f'{PROBE_MIX}}}]'
 )
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # 20-30 minutes on the busy 2-core machine
+@pytest.mark.timeout(3600)  # 25-35 minutes on the busy 2-core machine
 def test_the_retrieval_probe_passes_at_lengths_only_the_extension_trained(tmp_path: Path):
-    """The long-context claim of issue 15, measured (about 20 minutes on one thread). After the
+    """The long-context claim of issue 15, measured (about 25 minutes on one thread). After the
     64-token phases the model fetches the start of a value planted ~40 tokens earlier, but nothing of
     one planted ~230 tokens earlier (positions it never trained); after the 256-token extension it
-    fetches that too: the first token in most probes, the whole 6-8-token value in about a third
-    (docs/pretraining.md, "The retrieval probe": 0.375 exact, 0.875 first token)."""
+    fetches that too: the first token in most probes, the whole 6-8-token value in a quarter to
+    two fifths of them (docs/pretraining.md, "The retrieval probe": 0.25-0.41 exact over three runs,
+    32 probes each; the bar is 0.125, clear of 0 and of that noise)."""
     from opencomposer.model.corpus import build_corpus
     from opencomposer.pretrain.evaluation import probe_documents, retrieval_probe
     from opencomposer.pretrain.phases import run_phases
@@ -295,6 +299,6 @@ def test_the_retrieval_probe_passes_at_lengths_only_the_extension_trained(tmp_pa
     print("512 tokens, no phase trained:", far)  # recorded in docs/pretraining.md, not asserted
     assert after_main["probe_short_first_token"] >= 0.5  # the copying skill, within the first phases' length
     assert after_main["probe_long_accuracy"] == 0.0 and after_main["probe_long_first_token"] <= 0.1
-    assert after_extension["probe_long_first_token"] >= 0.5 and after_extension["probe_long_accuracy"] >= 0.25
+    assert after_extension["probe_long_first_token"] >= 0.5 and after_extension["probe_long_accuracy"] >= 0.125
     assert after_extension["probe_long_logprob"] > after_main["probe_long_logprob"] + 3.0
     assert after_extension["probe_short_accuracy"] >= 0.5
