@@ -10,7 +10,7 @@ Steps, in one run:
    (``--retrain`` forces it). ``--steps 50,100,200`` (ascending) is a sweep: one distillation at a
    constant learning rate (after a warm-up of 5% of the first count), a phase ending at each
    count, and step 2 run on every phase's checkpoint, so that acceptance and speed are read
-   against the distillation steps (the table per count, ``speculative_sweep.png``).
+   against the distillation steps (the table per count, and a figure beside the results JSON).
 2. **Decode** the first ``--prompt-tokens`` tokens of held-out code files, ``--new-tokens`` new
    tokens each (EOS ignored, so every row decodes the same number), with plain decoding and with
    ``speculative = "mtp"``, the two alternating over ``--repeats`` repeats, at temperature 0 and 1,
@@ -205,7 +205,7 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
     if len(sweep) > 1:
-        figure = args.out.with_name(args.out.stem + "_sweep.png")
+        figure = args.out.with_suffix(".png")
         plot_sweep(sweep, figure)
         print(f"wrote {figure}")
 
@@ -224,6 +224,10 @@ def plot_sweep(sweep: list[dict], path: Path) -> None:
         left.plot(counts, [point["rows"][i]["acceptance"] for point in sweep], marker="o", label=label)
         right.plot(counts, [point["rows"][i]["speedup"] for point in sweep], marker="o", label=label)
     right.axhline(1.0, color="grey", lw=0.8, ls="--")
+    for axis in (left, right):  # counts usually double: equal spacing on a log axis
+        axis.set_xscale("log")
+        axis.set_xticks(counts, [str(c) for c in counts])
+        axis.minorticks_off()
     left.set(xlabel="MTP distillation steps", ylabel="draft acceptance", ylim=(0, 1), title="Draft acceptance")
     right.set(xlabel="MTP distillation steps", ylabel="speculative / plain tokens per second",
               title="Speed-up (1 = break even)")
