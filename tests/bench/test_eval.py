@@ -171,3 +171,31 @@ def test_summary_averages_passes_per_task_and_excludes_infra_errors():
     assert summary["cost_per_episode"] == pytest.approx(statistics.fmean(r["cost"] for r in scored))
     assert summary["tokens_thinking"] == pytest.approx(statistics.fmean(r["tokens"].get("thinking", 0) for r in scored))
     assert summary["wall_s_p50"] == statistics.median(r["wall_s"] for r in scored)
+
+
+@pytest.mark.bwrap
+def test_parallel_episodes_of_a_local_model_share_its_calls_and_sample_what_they_would_alone(tmp_path: Path):
+    """``eval --workers N`` with a local model: the episodes' turns are gathered into shared engine
+    calls (fewer calls than turns), and batch-invariant decoding keeps every episode's tokens,
+    turns and grades those of the one-at-a-time run."""
+    from opencomposer.agent.policies.local import local_policy
+    from opencomposer.config import load_recipe
+    from opencomposer.inference.batching import BatchingEngine
+
+    tasks = [t for t in load_suite(FIXTURES) if t.id == "fix-add"]
+    rows = {}
+    for workers in (1, 3):
+        config = load_recipe(None, ["sampling.max_new_tokens=12", f"eval.workers={workers}"])
+        policy = local_policy("", config)
+        assert isinstance(policy.engine, BatchingEngine) == (workers > 1)
+        result = run_eval(tasks, policy, config, tmp_path / f"w{workers}", passes=3, workers=workers, progress=False)
+        episodes = tmp_path / f"w{workers}" / "episodes" / "local_tiny_moe" / "fix-add"
+        said = [[m["content"] for m in json.loads((episodes / f"pass-{p}" / "trajectory.json").read_text())
+                 ["segments"][0]["messages"] if m["role"] == "assistant"] for p in range(3)]
+        rows[workers] = [(r["task_id"], r["pass"], r["status"], r["turns"], r["tokens"], r["diff"], r["resolved"],
+                          said[r["pass"]]) for r in result.rows]
+        if workers > 1:
+            stats = policy.engine.stats
+            assert stats.requests == sum(r["turns"] for r in result.rows) and stats.calls < stats.requests
+    assert rows[3] == rows[1] and len(rows[1]) == 3
+    assert len({tuple(row[-1]) for row in rows[1]}) == 3  # three samples, three different episodes

@@ -235,7 +235,9 @@ def run_eval(
 def _local_model(policies: list[Policy]) -> Any:
     """The model of the first policy that samples from a local one (its FLOPs are counted), else None."""
     for policy in policies:
-        model = getattr(getattr(policy, "engine", None), "model", None)
+        engine = getattr(policy, "engine", None)
+        engine = getattr(engine, "engine", engine)  # behind a batching front-end (eval --workers N)
+        model = getattr(engine, "model", None)
         if model is not None:
             return model
     return None

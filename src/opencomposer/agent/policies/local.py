@@ -7,9 +7,11 @@ takes new weights in flight can switch inside a turn), so the episode can be tra
 Sampling settings come from the recipe's ``[sampling]``; the token cap of a work turn is the
 smaller of ``sampling.max_new_tokens`` and what the episode's budgets leave, that of a summary the
 loop's (``agent.summary_max_tokens``; ``agent.policy.turn_token_cap``). Generation is
-serialised with a lock, so one engine can serve parallel episodes; the time a turn waits for that
-lock or in a batching front-end's queue is reported as ``PolicyOutput.wait_s``, which the agent
-loop does not charge to the episode's wall-time budget.
+serialised with a lock, so one engine can serve parallel episodes; given a ``BatchingEngine``
+instead, each thread calls it through a session of its own and the turns of parallel episodes
+share its calls (``opencomposer eval --workers N`` with a local model: ``local_policy``). The time
+a turn waits for the lock or in the batching queue is reported as ``PolicyOutput.wait_s``, which
+the agent loop does not charge to the episode's wall-time budget.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from opencomposer.agent.policy import PolicyError, turn_token_cap
 from opencomposer.config import Config, SamplingConfig
+from opencomposer.inference.batching import BatchingEngine
 from opencomposer.model.tokenizer import stop_token_ids
 from opencomposer.protocols import Engine
 from opencomposer.types import Context, PolicyOutput, SamplingParams
@@ -37,6 +40,7 @@ class EnginePolicy:
         self.max_context = max_context or int(getattr(engine, "max_positions", 0) or 0)
         self._stop_ids = stop_token_ids(tokenizer)
         self._lock = threading.Lock()
+        self._thread = threading.local()  # each thread's session of a BatchingEngine
 
     def act(self, context: Context) -> PolicyOutput:
         if context.token_ids is None:
@@ -52,9 +56,13 @@ class EnginePolicy:
         )
         asked = time.monotonic()
         try:
-            with self._lock:
-                lock_wait = time.monotonic() - asked  # behind another episode's call to this engine
-                completion = self.engine.generate([context.token_ids], params, n=1)[0]
+            if isinstance(self.engine, BatchingEngine):
+                lock_wait = 0.0  # the session's queue wait comes back as the completion's queue_wait_s
+                completion = self._session().generate([context.token_ids], params, n=1)[0]
+            else:
+                with self._lock:
+                    lock_wait = time.monotonic() - asked  # behind another episode's call to this engine
+                    completion = self.engine.generate([context.token_ids], params, n=1)[0]
         except (RuntimeError, ValueError) as e:
             raise PolicyError(f"the engine failed to generate: {e}") from e
         return PolicyOutput(
@@ -72,6 +80,15 @@ class EnginePolicy:
         )
 
 
+    def _session(self):
+        """This thread's session of the batching engine, opened on its first turn and kept open:
+        between its turns (a tool call, grading) the batcher waits at most ``max_wait_s`` for it."""
+        session = getattr(self._thread, "session", None)
+        if session is None:
+            session = self._thread.session = self.engine.session()
+        return session
+
+
 def local_policy(argument: str, config: Config) -> EnginePolicy:
     """``local`` uses the recipe's model; ``local:PATH`` a checkpoint folder. The engine is the
     recipe's ``[inference] backend`` (``inference.factory.make_engine``); ``[run]`` settings
@@ -84,5 +101,9 @@ def local_policy(argument: str, config: Config) -> EnginePolicy:
     spec = argument or config.model
     model, tokenizer = load_model(spec, seed=config.run.seed, device=resolve_device(config.run.device))
     engine = make_engine(config, model, tokenizer)
+    if config.eval.workers > 1 and config.inference.backend == "local":
+        # parallel episodes share decode steps; batch-invariant decoding keeps each one's tokens
+        # what it samples alone (inference.invariant), so --workers changes speed, not results
+        engine = BatchingEngine(engine)
     name = f"local:{argument}" if argument else f"local:{config.model.kind}"
     return EnginePolicy(engine, tokenizer, config.sampling, name=name)
