@@ -258,7 +258,7 @@ def test_a_phase_training_the_append_source_reports_the_append_probe(tmp_path: P
 # the probe recipe of docs/pretraining.md ("The retrieval probe"): three layers, a copy phase, a code
 # phase with the generated sources in the mix, a long-context extension. The code phase is 3,000
 # steps: at 1,500 the test passed with the libraries of 2026-12-05 and failed with those of
-# 2026-12-07 (the probe at 0 until ~2,000 steps into the phase, then climbing within 1,000):
+# 2026-12-07 (the probe at most 0.06 for 1,500 steps into the phase, then climbing to 0.69):
 # copying forms at a phase transition, and 1,500 sat on its edge (docs/pretraining.md)
 PROBE_MODEL = ["model.num_layers=3", "model.num_mtp_layers=0"]
 PROBE_MIX = 'sources=["stdlib", "recall", "copy"], weights=[0.3, 0.5, 0.2]'
