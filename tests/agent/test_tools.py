@@ -146,3 +146,36 @@ def test_special_files_are_refused_without_blocking(box: Toolbox):
         run(box, "read_file", path="src")
     with pytest.raises(ToolError, match="no such file"):
         run(box, "read_file", path="missing.py")
+
+
+@pytest.mark.bwrap
+def test_a_path_the_system_refuses_is_a_tool_error_not_a_crash(box: Toolbox, monkeypatch: pytest.MonkeyPatch):
+    """A policy wrote a 400-character file name (a tiny model looping on a word did): reading it
+    raised ENAMETOOLONG out of the episode and stopped the evaluation. Such a path is the model's
+    mistake, shown to it like a missing file; the host's own failures still propagate."""
+    import errno
+
+    import opencomposer.agent.tools as tools
+
+    long_name = "src/" + " time" * 80 + ".txt"  # in a folder that exists, as the notes/ of its task did
+    for name, arguments in (("read_file", {"path": long_name}), ("write_file", {"path": long_name, "content": "x"}),
+                            ("edit", {"path": long_name, "old": "a", "new": "b"}),
+                            ("read_file", {"path": "notes.md/inside.txt"}),
+                            ("write_file", {"path": "notes.md/inside.txt", "content": "x"})):
+        with pytest.raises(ToolError, match=f"^{name}: .*(File name too long|Not a directory|a file stands where a folder)"):
+            run(box, name, **arguments)
+    assert box.sandbox.workspace.joinpath("notes.md").read_text() == "line\n" * 5  # nothing written
+    # control: without the rule the same call escapes as the OSError that stopped the evaluation
+    monkeypatch.setattr(tools, "PATH_ERRORS", frozenset())
+    with pytest.raises(OSError) as raised:
+        run(box, "read_file", path=long_name)
+    assert raised.value.errno == errno.ENAMETOOLONG and not isinstance(raised.value, ToolError)
+    # and an error of the host is never turned into the model's
+    monkeypatch.setattr(tools, "PATH_ERRORS", frozenset({errno.ENAMETOOLONG}))
+
+    def full_disk(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(box, "_write_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run(box, "write_file", path="a.txt", content="x")

@@ -15,6 +15,7 @@ the tool's result.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import stat
@@ -214,6 +215,11 @@ def check_arguments(call: ToolCall, enabled: Sequence[str] = DEFAULT_TOOLS) -> d
     return dict(call.arguments)
 
 
+PATH_ERRORS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP})
+"""What the operating system says of a path the model wrote (a name over 255 bytes, a file used as
+a folder, a symlink where a file must be): a tool error shown to the model, like a missing file."""
+
+
 class Toolbox:
     """Runs tool calls against one sandbox. ``default_timeout_s`` applies to ``run`` without one;
     ``config`` gives the enabled tools (``agent.tools``) and the search ranker (``agent.search``);
@@ -246,6 +252,12 @@ class Toolbox:
             raise ToolError(f"{call.name}: {args.get('path')!r} is a folder, not a file") from None
         except UnicodeDecodeError:
             raise ToolError(f"{call.name}: {args.get('path')!r} is not a UTF-8 text file") from None
+        except FileExistsError:  # making the folders of a path through a file
+            raise ToolError(f"{call.name}: {args.get('path')!r}: a file stands where a folder of it must be") from None
+        except OSError as e:
+            if e.errno not in PATH_ERRORS:
+                raise  # the host's trouble (a full disk, an I/O error), not the model's: never a tool error
+            raise ToolError(f"{call.name}: {args.get('path')!r}: {os.strerror(e.errno)}") from None
 
     # --- files -----------------------------------------------------------------------------
 
