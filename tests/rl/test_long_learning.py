@@ -12,6 +12,10 @@ steps, where the policy carries the words (summary retention 0.99) but the plan 
 on often drops a note or names one the task lacks (``summary_plan`` 0.32); held-out pass@1 0.31.
 16 RL steps raised pass@1 to 0.54 and ``summary_plan`` to 0.41 (128 episodes each). 1,600 SFT
 steps resolve ~99% (nothing left for RL to raise), 700 and 1,100 none.
+
+Failing since 2026-12-07 (docs/LOG.md, "a test moved off a phase transition"): rerun from scratch
+with that day's libraries, the SFT policy resolves none of 64 held-out episodes at 1,350 or 1,600
+steps, so the first assertion fails; the recipe has to form its skills robustly again (issue 35).
 """
 
 from __future__ import annotations
