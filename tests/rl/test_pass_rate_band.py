@@ -157,6 +157,7 @@ def test_screened_in_band_and_the_config_check():
 
 @pytest.mark.integration
 @pytest.mark.bwrap
+@pytest.mark.slow  # make test-all: ~15 s that kept make test over its 600 s; the band's rules are tested above
 def test_the_real_loop_trains_the_kept_tasks_once_and_a_resume_screens_with_the_initial_policy(tmp_path, monkeypatch):
     import torch
 
