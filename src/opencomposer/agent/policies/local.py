@@ -79,7 +79,6 @@ class EnginePolicy:
             wait_s=lock_wait + completion.queue_wait_s,
         )
 
-
     def _session(self):
         """This thread's session of the batching engine, opened on its first turn and kept open:
         between its turns (a tool call, grading) the batcher waits at most ``max_wait_s`` for it."""
