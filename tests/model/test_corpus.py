@@ -43,3 +43,38 @@ def test_folder_source(tmp_path):
 def test_bad_source_is_named():
     with pytest.raises(ConfigError, match="'/no/such/dir' is neither"):
         build_corpus(CorpusConfig(sources=["/no/such/dir"]))
+
+
+def test_packages_narrow_site_packages_and_fix_the_corpus():
+    """Named packages: site-packages gives only their files, so the corpus is the same whatever else
+    is installed (control: without the list, site-packages files of other packages come in)."""
+    from opencomposer.model.corpus import corpus_versions, project_of
+
+    config = CorpusConfig(sources=["stdlib", "site-packages"], packages=["pytest", "_pytest"], max_files=100_000)
+    corpus = build_corpus(config)
+    projects = {project_of(f.path) for f in corpus.train + corpus.heldout if f.source == "site-packages"}
+    assert projects == {"pytest", "_pytest"}
+    assert {f.source for f in corpus.train} == {"stdlib", "site-packages"}
+    everything = build_corpus(CorpusConfig(sources=["site-packages"], max_files=100_000))
+    assert {project_of(f.path) for f in everything.train} > projects  # the control
+    versions = corpus_versions(config)
+    assert versions["python"].startswith("3.") and versions["pytest"].count(".") >= 1
+
+
+def test_fingerprint_names_the_data():
+    a = build_corpus(CorpusConfig(max_files=50), seed=3)
+    assert a.fingerprint() == build_corpus(CorpusConfig(max_files=50), seed=3).fingerprint()
+    assert a.fingerprint() != build_corpus(CorpusConfig(max_files=50), seed=4).fingerprint()
+    from dataclasses import replace
+
+    changed = replace(a, train=[replace(a.train[0], text=a.train[0].text + "\n"), *a.train[1:]])
+    assert changed.fingerprint() != a.fingerprint()  # one byte of one file
+
+
+def test_bad_packages_are_named():
+    with pytest.raises(ConfigError, match="'no_such_package_xyz' has no usable"):
+        build_corpus(CorpusConfig(sources=["site-packages"], packages=["no_such_package_xyz"]))
+    with pytest.raises(ConfigError, match="site-packages, which is not in"):
+        CorpusConfig(sources=["stdlib"], packages=["torch"]).validate()
+    with pytest.raises(ConfigError, match="not a top-level package"):
+        CorpusConfig(sources=["site-packages"], packages=["torch/nn"]).validate()

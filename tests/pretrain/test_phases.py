@@ -269,7 +269,7 @@ def test_phases_run_in_order_and_a_resume_continues_at_the_step_with_the_same_da
     mix = json.loads((run_dir / "mix.json").read_text())
     assert sum(mix["short"].values()) == 6 * 4 * 32 and set(mix["short"]) == {"core", "rest"}
     corpus_report = json.loads((run_dir / "corpus.json").read_text())
-    assert set(corpus_report["mix"]) == {"core", "rest"}
+    assert set(corpus_report["mix"]) == {"core", "rest"} and len(corpus_report["fingerprint"]) == 64
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert kept == ["step-0000006", "step-0000011"]  # phase ends stay; mid-phase ones give way
     evals = [r for r in result.history if r["kind"] == "eval"]

@@ -1,7 +1,9 @@
 """A code corpus gathered from the local Python installation.
 
 Nothing is downloaded: the corpus is the ``.py`` files of the standard library and of the
-installed site-packages (or any folders the recipe names). File order and sampling are
+installed site-packages (or any folders the recipe names). ``corpus.packages`` narrows
+site-packages to named packages, so that the corpus does not move when something else is installed.
+File order and sampling are
 deterministic: candidates are sorted by (source, relative path), then a seeded sample is drawn, and
 the held-out split is decided by a hash of the relative path so it does not move when the sample
 size changes. Files that are not UTF-8, are empty, too large, or look generated (very long lines)
@@ -69,6 +71,16 @@ class Corpus:
     dropped: dict[str, int] = field(default_factory=dict)
     """Files removed by deduplication: ``{"exact": n, "near": m}`` (empty without ``dedup``)."""
 
+    def fingerprint(self) -> str:
+        """SHA-256 of the files in order (name and text), training files then held-out ones: equal
+        fingerprints mean the same data, the tokenizer trained on it and the batches drawn from it."""
+        digest = hashlib.sha256()
+        for split in (self.train, self.heldout):
+            for f in split:
+                digest.update(f"{f.name}\0{hashlib.sha256(f.text.encode()).hexdigest()}\n".encode())
+            digest.update(b"--\n")
+        return digest.hexdigest()
+
     @property
     def num_bytes(self) -> int:
         return sum(len(f.text.encode()) for f in self.train + self.heldout)
@@ -112,7 +124,35 @@ def source_roots(sources: list[str]) -> list[tuple[str, Path]]:
 
 
 def _candidates(roots: list[tuple[str, Path]], config: CorpusConfig) -> list[tuple[str, Path, str]]:
-    return _scan(tuple(roots), config.min_file_bytes, config.max_file_bytes)
+    found = _scan(tuple(roots), config.min_file_bytes, config.max_file_bytes)
+    if not config.packages:
+        return found
+    wanted = set(config.packages)
+    kept = [c for c in found if c[0] != "site-packages" or project_of(c[2]) in wanted]
+    present = {project_of(rel) for label, _, rel in kept if label == "site-packages"}
+    if missing := sorted(wanted - present):
+        raise ConfigError(f"corpus.packages: {', '.join(map(repr, missing))} has no usable .py files in "
+                          f"site-packages ({', '.join(str(root) for label, root in roots if label == 'site-packages')})")
+    return kept
+
+
+def corpus_versions(config: CorpusConfig) -> dict[str, str]:
+    """What the corpus is a function of, for its record: the Python version (the standard library)
+    and, per package named in ``corpus.packages``, its installed distribution and version."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()} if "stdlib" in config.sources else {}
+    distributions = metadata.packages_distributions()
+    for name in config.packages:
+        for dist in distributions.get(name, []):
+            try:
+                version = metadata.version(dist)
+                versions[name] = version if dist.lower() == name.lower() else f"{dist} {version}"
+            except metadata.PackageNotFoundError:
+                continue
+            break
+    return versions
 
 
 @functools.lru_cache(maxsize=8)

@@ -76,7 +76,7 @@ from opencomposer.distributed.fsdp import (
 )
 from opencomposer.distributed.runtime import World
 from opencomposer.io import atomic_directory, atomic_write_text
-from opencomposer.model.corpus import Corpus, build_corpus
+from opencomposer.model.corpus import Corpus, build_corpus, corpus_versions
 from opencomposer.pretrain.checkpoints import (
     FRESH,
     latest_checkpoint,
@@ -514,7 +514,8 @@ def _prepare_run(config: Config, corpus: Corpus | None, world: World, progress: 
         corpus = build_corpus(config.corpus, seed=config.run.seed)
     _check_recipe(config, corpus)
     report = {"mix": corpus.mix(), "dropped": corpus.dropped, "train_files": len(corpus.train),
-              "heldout_files": len(corpus.heldout), "heldout_by": pc.heldout_by if pc.phases else "file"}
+              "heldout_files": len(corpus.heldout), "heldout_by": pc.heldout_by if pc.phases else "file",
+              "fingerprint": corpus.fingerprint(), "versions": corpus_versions(config.corpus)}
     if world.main:
         atomic_write_text(run_dir / "corpus.json", json.dumps(report, indent=1) + "\n")
     if progress:
@@ -644,6 +645,9 @@ def print_corpus(report: dict[str, Any]) -> None:
     dropped = report["dropped"]
     print(f"corpus: {report['train_files']} training files, {report['heldout_files']} held out "
           f"(by {report['heldout_by']}); duplicates dropped: {dropped.get('exact', 0)} exact, {dropped.get('near', 0)} near")
+    if "fingerprint" in report:
+        versions = ", ".join(f"{k} {v}" for k, v in report.get("versions", {}).items())
+        print(f"  fingerprint {report['fingerprint'][:16]}" + (f" ({versions})" if versions else ""))
     total = sum(row["train_bytes"] for row in report["mix"].values()) or 1
     for source, row in sorted(report["mix"].items()):
         print(f"  {source}: {row['train_files']} files ({row['train_projects']} projects), "
