@@ -199,3 +199,23 @@ def test_per_tensor_nvfp4_activation_scales_keep_the_batch_dependent_decoder(ran
     assert not LocalEngine(converted, tokenizer).batch_invariant
     with pytest.raises(ValueError, match="one scale per tensor"):
         InvariantDecoder(converted)
+
+
+@pytest.mark.parametrize("name", ["plain", *CONVERSIONS])
+def test_experts_at_once_are_the_experts_one_by_one(random_moe, name, monkeypatch):
+    """Every expert's tiles in one product (each tile with a copy of its expert's matrices) gives
+    the bits of one expert at a time: each tile is the same fixed-shape problem either way."""
+    from opencomposer.inference import invariant
+
+    model, _ = random_moe
+    if name != "plain":
+        model = _converted(model, **CONVERSIONS[name])
+    block = next(layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts"))
+    torch.manual_seed(1)
+    for rows in (1, 17, 64):
+        x = torch.randn(rows, model.config.hidden_size)
+        at_once = invariant.sparse_moe(block, x, None)
+        monkeypatch.setattr(invariant, "GATHER_BYTES", 0)
+        one_by_one = invariant.sparse_moe(block, x, None)
+        monkeypatch.undo()
+        assert torch.equal(at_once, one_by_one), rows

@@ -223,30 +223,70 @@ def sparse_moe(block: nn.Module, x: torch.Tensor, recorder: RouteRecorder | None
     if recorder is not None:
         recorder.record(chosen)
     pairs = torch.argsort(chosen.view(-1), stable=True)  # grouped by expert
-    counts = torch.bincount(chosen.view(-1), minlength=router.num_experts).tolist()
+    counts = torch.bincount(chosen.view(-1), minlength=router.num_experts)
+    gate_up = forward_weight(experts, "gate_up_proj") if recipe is not None else experts.gate_up_proj
+    down = forward_weight(experts, "down_proj") if recipe is not None else experts.down_proj
+    tiles = -(-counts // TILE)  # per expert
+    if int(tiles.sum()) * (gate_up[0].numel() + down[0].numel()) * gate_up.element_size() <= GATHER_BYTES:
+        hidden = _experts_at_once(experts, tokens[pairs // top_k], gate_up, down, counts, tiles, recipe)
+    else:
+        hidden = _experts_one_by_one(experts, tokens[pairs // top_k], gate_up, down, counts.tolist(), recipe)
+    if dispatch:
+        hidden = combine_round(hidden)
     out = x.new_zeros(rows * top_k, x.shape[1])  # [pairs, H]
+    out[pairs] = hidden * weights[pairs]
+    return out.view(rows, top_k, -1).sum(dim=1)
+
+
+GATHER_BYTES = 16 << 20
+"""``sparse_moe`` multiplies every expert's tiles in one ``bmm`` when the expert matrices it gathers
+for them (one copy per tile) stay within this; beyond it (a large MoE), one expert at a time."""
+
+
+def _experts_at_once(experts, routed: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                     counts: torch.Tensor, tiles: torch.Tensor, recipe) -> torch.Tensor:
+    """``routed`` [pairs, H], grouped by expert (``counts`` each), through its expert's MLP: every
+    expert's rows padded to whole tiles in one buffer, each tile with a copy of its expert's
+    matrices, one ``bmm`` per matrix for all. Each tile is the ``[TILE, H] @ [H, 2I]`` and
+    ``[TILE, I] @ [I, H]`` problem ``tiled_linear`` runs, so a row's result is the same either way."""
+    first_tile = torch.cumsum(tiles, 0) - tiles
+    first_pair = torch.cumsum(counts, 0) - counts
+    expert_of = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)  # [pairs]
+    slot = first_tile[expert_of] * TILE + torch.arange(routed.shape[0]) - first_pair[expert_of]
+    total = int(tiles.sum())
+    inputs = routed.new_zeros(total * TILE, routed.shape[1])
+    inputs[slot] = routed
+    if recipe is not None:
+        inputs = fake_quantize(inputs, recipe.forward_input)
+    tile_expert = torch.repeat_interleave(torch.arange(counts.shape[0]), tiles)  # [T]
+    hidden = torch.bmm(inputs.view(total, TILE, -1), gate_up[tile_expert].transpose(1, 2))
+    gate, up = hidden.view(total * TILE, -1).chunk(2, dim=-1)
+    hidden = experts.act_fn(gate) * up
+    if recipe is not None:
+        hidden = fake_quantize(hidden, recipe.forward_input)
+    out = torch.bmm(hidden.view(total, TILE, -1), down[tile_expert].transpose(1, 2))
+    return out.view(total * TILE, -1)[slot]
+
+
+def _experts_one_by_one(experts, routed: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                        counts: list[int], recipe) -> torch.Tensor:
+    """As ``_experts_at_once``, one expert at a time through ``tiled_linear`` (its matrices read
+    in place, a large one a chunk of columns at a time)."""
+    out = routed.new_empty(routed.shape)
     start = 0
     for expert, count in enumerate(counts):
         if not count:
             continue
-        mine = pairs[start : start + count]
+        inputs = pad_rows(routed[start : start + count])
+        if recipe is not None:
+            inputs = fake_quantize(inputs, recipe.forward_input)
+        gate, up = tiled_linear(inputs, gate_up[expert]).chunk(2, dim=-1)
+        hidden = experts.act_fn(gate) * up
+        if recipe is not None:
+            hidden = fake_quantize(hidden, recipe.forward_input)
+        out[start : start + count] = tiled_linear(hidden, down[expert])[:count]
         start += count
-        inputs = pad_rows(tokens[mine // top_k])  # [tiles * TILE, H]
-        if recipe is None:
-            hidden = tiled_linear(inputs, experts.gate_up_proj[expert])  # [tiles * TILE, 2I]
-            gate, up = hidden.chunk(2, dim=-1)
-            hidden = tiled_linear(experts.act_fn(gate) * up, experts.down_proj[expert])[:count]  # [count, H]
-        else:
-            hidden = tiled_linear(fake_quantize(inputs, recipe.forward_input),
-                                  forward_weight(experts, "gate_up_proj")[expert])
-            gate, up = hidden.chunk(2, dim=-1)
-            hidden = tiled_linear(fake_quantize(experts.act_fn(gate) * up, recipe.forward_input),
-                                  forward_weight(experts, "down_proj")[expert])[:count]
-            if dispatch:
-                hidden = combine_round(hidden)
-        out[mine] = hidden * weights[mine]
-    return out.view(rows, top_k, -1).sum(dim=1)
-
+    return out
 
 SHARED_ROWS = 8
 """Rows per attention problem on a shared block: the queries of up to this many rows that read the
