@@ -1,9 +1,9 @@
 """A code corpus gathered from the local Python installation.
 
 Nothing is downloaded: the corpus is the ``.py`` files of the standard library and of the
-installed site-packages (or any folders the recipe names). ``corpus.packages`` narrows
-site-packages to named packages, so that the corpus does not move when something else is installed.
-File order and sampling are
+installed site-packages (or any folders the recipe names). ``corpus.packages`` (default: torch,
+which the install pins) narrows site-packages to named packages, so that the corpus does not move
+when something else is installed. File order and sampling are
 deterministic: candidates are sorted by (source, relative path), then a seeded sample is drawn, and
 the held-out split is decided by a hash of the relative path so it does not move when the sample
 size changes. Files that are not UTF-8, are empty, too large, or look generated (very long lines)
@@ -125,7 +125,7 @@ def source_roots(sources: list[str]) -> list[tuple[str, Path]]:
 
 def _candidates(roots: list[tuple[str, Path]], config: CorpusConfig) -> list[tuple[str, Path, str]]:
     found = _scan(tuple(roots), config.min_file_bytes, config.max_file_bytes)
-    if not config.packages:
+    if not config.packages or "site-packages" not in config.sources:
         return found
     wanted = set(config.packages)
     kept = [c for c in found if c[0] != "site-packages" or project_of(c[2]) in wanted]
