@@ -300,6 +300,28 @@ def test_phases_run_in_order_and_a_resume_continues_at_the_step_with_the_same_da
     assert resumed.config.rope_parameters["rope_theta"] == 1e5
 
 
+def test_a_run_does_not_resume_on_another_corpus(tmp_path: Path, tiny_tokenizer):
+    """corpus.json's fingerprint: a checkpoint is resumed only on the corpus its run started on
+    (control: the same corpus resumes)."""
+    from opencomposer.pretrain.phases import run_phases
+
+    config = _config(tmp_path, "r", 'pretrain.phases=[{seq_len=32, steps=4, batch_size=2, warmup_steps=1}]',
+                     "pretrain.checkpoint_every=2")
+
+    def interrupt(step: int) -> None:
+        if step == 3:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        run_phases(config, _corpus(), tiny_tokenizer, progress=False, on_step=interrupt, probes=0)
+    corpus = _corpus()
+    other = Corpus(train=corpus.train[1:], heldout=corpus.heldout)
+    with pytest.raises(ConfigError, match="the corpus differs from the one this run started on"):
+        run_phases(config, other, tiny_tokenizer, progress=False, probes=0)
+    _, _, result = run_phases(config, corpus, tiny_tokenizer, progress=False, probes=0)
+    assert result.resumed_from is not None and result.steps == 4
+
+
 def test_mtp_layers_start_at_a_later_phase_train_by_distillation_and_resume(tmp_path: Path, tiny_tokenizer):
     """MTP layers built with the model stay at their initialisation through an lm-only phase, then
     learn the main head by self-distillation in the phase listing ``mtp`` (the report's schedule);

@@ -468,7 +468,7 @@ def run_phases(
     device = world.device if world.distributed else resolve_device(config.run.device)
     apply_run_settings(config.run)
     run_dir, resumable = config.run.path, bool(config.pretrain.phases)  # one [pretrain] phase starts afresh
-    corpus = _prepare_run(config, corpus, world, progress)
+    corpus = _prepare_run(config, corpus, world, progress, resumable)
     # rank 0 picks the checkpoint; the others get its choice once rank 0's model is built (below)
     checkpoint = (latest_checkpoint(run_dir) if resumable else None) if world.main else world.broadcast(None)
     state = resume_state(checkpoint, plan)
@@ -498,9 +498,12 @@ def run_phases(
     return model, tokenizer, result
 
 
-def _prepare_run(config: Config, corpus: Corpus | None, world: World, progress: bool) -> Corpus:
+def _prepare_run(config: Config, corpus: Corpus | None, world: World, progress: bool,
+                 resumable: bool = False) -> Corpus:
     """The run folder with ``recipe.toml`` and ``corpus.json``, and the corpus (rank 0 builds and
-    caches corpus and tokenizer first; the others reuse them)."""
+    caches corpus and tokenizer first; the others reuse them). A run that would resume from a
+    checkpoint on another corpus than the one it started on (``corpus.json``'s fingerprint: another
+    environment, or a changed ``[corpus]``) is refused: its batches would not be the ones it began."""
     pc, run_dir = config.pretrain, config.run.path
     if not world.main:
         world.barrier()
@@ -517,10 +520,25 @@ def _prepare_run(config: Config, corpus: Corpus | None, world: World, progress: 
               "heldout_files": len(corpus.heldout), "heldout_by": pc.heldout_by if pc.phases else "file",
               "fingerprint": corpus.fingerprint(), "versions": corpus_versions(config.corpus)}
     if world.main:
+        _check_same_corpus(run_dir, report, resumable)
         atomic_write_text(run_dir / "corpus.json", json.dumps(report, indent=1) + "\n")
     if progress:
         print_corpus(report)
     return corpus
+
+
+def _check_same_corpus(run_dir: Path, report: dict[str, Any], resumable: bool) -> None:
+    """Raise ConfigError if ``run_dir`` holds a checkpoint to resume and its ``corpus.json`` names
+    another corpus than ``report`` (runs from before the fingerprint was recorded pass)."""
+    previous = run_dir / "corpus.json"
+    if not (resumable and previous.is_file() and latest_checkpoint(run_dir) is not None):
+        return
+    before = json.loads(previous.read_text()).get("fingerprint")
+    if before is not None and before != report["fingerprint"]:
+        raise ConfigError(
+            f"{run_dir}: the corpus differs from the one this run started on (fingerprint {before[:16]} "
+            f"then, {report['fingerprint'][:16]} now; versions now {report['versions']}), so resuming would "
+            "not continue its batches; restore the environment or [corpus], or start a new run.name")
 
 
 def _prepare_model(model: torch.nn.Module, config: Config, settings: PretrainConfig, plan: list[Phase],
