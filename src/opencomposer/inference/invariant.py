@@ -259,12 +259,13 @@ def _experts_at_once(experts, routed: torch.Tensor, gate_up: torch.Tensor, down:
     if recipe is not None:
         inputs = fake_quantize(inputs, recipe.forward_input)
     tile_expert = torch.repeat_interleave(torch.arange(counts.shape[0]), tiles)  # [T]
-    hidden = torch.bmm(inputs.view(total, TILE, -1), gate_up[tile_expert].transpose(1, 2))
+    # index_select, not gate_up[tile_expert]: the same copy, several times faster on CPU
+    hidden = torch.bmm(inputs.view(total, TILE, -1), gate_up.index_select(0, tile_expert).transpose(1, 2))
     gate, up = hidden.view(total * TILE, -1).chunk(2, dim=-1)
     hidden = experts.act_fn(gate) * up
     if recipe is not None:
         hidden = fake_quantize(hidden, recipe.forward_input)
-    out = torch.bmm(hidden.view(total, TILE, -1), down[tile_expert].transpose(1, 2))
+    out = torch.bmm(hidden.view(total, TILE, -1), down.index_select(0, tile_expert).transpose(1, 2))
     return out.view(total * TILE, -1)[slot]
 
 
