@@ -246,26 +246,35 @@ for them (one copy per tile) stay within this; beyond it (a large MoE), one expe
 def _experts_at_once(experts, routed: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                      counts: torch.Tensor, tiles: torch.Tensor, recipe) -> torch.Tensor:
     """``routed`` [pairs, H], grouped by expert (``counts`` each), through its expert's MLP: every
-    expert's rows padded to whole tiles in one buffer, each tile with a copy of its expert's
-    matrices, one ``bmm`` per matrix for all. Each tile is the ``[TILE, H] @ [H, 2I]`` and
-    ``[TILE, I] @ [I, H]`` problem ``tiled_linear`` runs, so a row's result is the same either way."""
+    expert's rows padded to whole tiles in one buffer, each tile with its expert's matrices, one
+    ``bmm`` per matrix for all. Each tile is the ``[TILE, H] @ [H, 2I]`` and ``[TILE, I] @ [I, H]``
+    problem ``tiled_linear`` runs, so a row's result is the same either way.
+
+    Where no expert has more than one tile and at least half of them have one (a decode step of a
+    few dozen rows), every expert gets one tile, an empty one zeros, and the matrices are used in
+    place; otherwise each tile gets a copy of its expert's."""
+    experts_n = counts.shape[0]
+    in_place = int(tiles.max()) <= 1 and 2 * int(tiles.sum()) >= experts_n
+    if in_place:
+        tiles = torch.ones_like(tiles)
     first_tile = torch.cumsum(tiles, 0) - tiles
     first_pair = torch.cumsum(counts, 0) - counts
-    expert_of = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)  # [pairs]
+    expert_of = torch.repeat_interleave(torch.arange(experts_n), counts)  # [pairs]
     slot = first_tile[expert_of] * TILE + torch.arange(routed.shape[0]) - first_pair[expert_of]
     total = int(tiles.sum())
     inputs = routed.new_zeros(total * TILE, routed.shape[1])
     inputs[slot] = routed
     if recipe is not None:
         inputs = fake_quantize(inputs, recipe.forward_input)
-    tile_expert = torch.repeat_interleave(torch.arange(counts.shape[0]), tiles)  # [T]
-    # index_select, not gate_up[tile_expert]: the same copy, several times faster on CPU
-    hidden = torch.bmm(inputs.view(total, TILE, -1), gate_up.index_select(0, tile_expert).transpose(1, 2))
+    if not in_place:  # index_select, not gate_up[tile_expert]: the same copy, several times faster on CPU
+        tile_expert = torch.repeat_interleave(torch.arange(experts_n), tiles)  # [T]
+        gate_up, down = gate_up.index_select(0, tile_expert), down.index_select(0, tile_expert)
+    hidden = torch.bmm(inputs.view(total, TILE, -1), gate_up.transpose(1, 2))
     gate, up = hidden.view(total * TILE, -1).chunk(2, dim=-1)
     hidden = experts.act_fn(gate) * up
     if recipe is not None:
         hidden = fake_quantize(hidden, recipe.forward_input)
-    out = torch.bmm(hidden.view(total, TILE, -1), down.index_select(0, tile_expert).transpose(1, 2))
+    out = torch.bmm(hidden.view(total, TILE, -1), down.transpose(1, 2))
     return out.view(total * TILE, -1)[slot]
 
 
