@@ -125,17 +125,18 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    results = [bench(kind, style, args, clock) for kind in args.models.split(",")
-               for style in args.prompts.split(",")]
     print(f"{'model':<10} {'prompts':<8} {'prompt tokens':>14} {'LocalEngine tok/s':>18} {'fast path tok/s':>16} "
-          f"{'inv/fast':>9} {'generate tok/s':>15} {'ratio':>7} {'prefill tokens (saved)':>23}")
-    for r in results:
-        span = f"{min(r['prompt_tokens'])}-{max(r['prompt_tokens'])}"
-        print(f"{r['model']:<10} {r['prompts']:<8} {span:>14} {r['ours']:>18.1f} {r['fast']:>16.1f} "
-              f"{r['invariant_ratio']:>8.2f}x {r['transformers']:>15.1f} {r['ratio']:>6.2f}x "
-              f"{r['prefill_tokens']:>12} ({r['prefill_tokens_saved']})")
-    Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "clock": args.clock, "results": results},
-                                         indent=2))
+          f"{'inv/fast':>9} {'generate tok/s':>15} {'ratio':>7} {'prefill tokens (saved)':>23}", flush=True)
+    results = []
+    for kind in args.models.split(","):
+        for style in args.prompts.split(","):  # a row as each finishes, the JSON so far after each
+            results.append(r := bench(kind, style, args, clock))
+            span = f"{min(r['prompt_tokens'])}-{max(r['prompt_tokens'])}"
+            print(f"{r['model']:<10} {r['prompts']:<8} {span:>14} {r['ours']:>18.1f} {r['fast']:>16.1f} "
+                  f"{r['invariant_ratio']:>8.2f}x {r['transformers']:>15.1f} {r['ratio']:>6.2f}x "
+                  f"{r['prefill_tokens']:>12} ({r['prefill_tokens_saved']})", flush=True)
+            Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "clock": args.clock,
+                                                  "results": results}, indent=2))
 
 
 if __name__ == "__main__":
