@@ -14,8 +14,11 @@ on often drops a note or names one the task lacks (``summary_plan`` 0.32); held-
 steps resolve ~99% (nothing left for RL to raise), 700 and 1,100 none.
 
 Failing since 2026-12-07 (docs/LOG.md, "a test moved off a phase transition"): rerun from scratch
-with that day's libraries, the SFT policy resolves none of 64 held-out episodes at 1,350 or 1,600
-steps, so the first assertion fails; the recipe has to form its skills robustly again (issue 35).
+in another environment, the SFT policy resolves none of 64 held-out episodes at 1,350 or 1,600
+steps, so the first assertion fails. Its corpus, and the tokenizer trained on it, were then a
+sample of every installed package, which moves with the environment ("the corpus moved with the
+environment"); the recipe now takes the standard library and torch, and its rerun on that corpus
+decides whether the recipe has to form its skills more robustly (issue 35).
 """
 
 from __future__ import annotations
