@@ -75,7 +75,7 @@ def test_fingerprint_names_the_data():
 
 
 def test_bad_packages_are_named():
-    with pytest.raises(ConfigError, match="'no_such_package_xyz' has no usable"):
+    with pytest.raises(ConfigError, match="no usable .py files of 'no_such_package_xyz'"):
         build_corpus(CorpusConfig(sources=["site-packages"], packages=["no_such_package_xyz"]))
     assert build_corpus(CorpusConfig(sources=["stdlib"], packages=["no_such_package_xyz"], max_files=5)).train
     with pytest.raises(ConfigError, match="not a top-level package"):

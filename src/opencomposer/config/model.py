@@ -75,11 +75,10 @@ class CorpusConfig(Section):
     """Where to collect ``.py`` files: ``stdlib``, ``site-packages``, or folder paths."""
     packages: list[str] = field(default_factory=lambda: ["torch"])
     """Top-level packages to take from the ``site-packages`` source (unused without it); empty takes
-    every installed package. The
-    default, torch, is pinned by the install (``make setup``), so the corpus, and the tokenizer
-    trained on it, are a function of the Python and torch versions rather than of whatever else
-    the environment holds: with every package in the pool, one package more or less reshuffles the
-    whole seeded sample, and with it the tokenizer and every batch."""
+    every installed package. The default, torch, is pinned by the install (``make setup``), so the
+    corpus, and the tokenizer trained on it, are a function of the Python and torch versions rather
+    than of whatever else the environment holds: with every package in the pool, one package more or
+    less reshuffles the whole seeded sample, and with it the tokenizer and every batch."""
     max_files: int = 4000
     """Files sampled (deterministically, by seed) from all candidates."""
     min_file_bytes: int = 200

@@ -298,6 +298,7 @@ def _experts_one_by_one(experts, routed: torch.Tensor, gate_up: torch.Tensor, do
         start += count
     return out
 
+
 SHARED_ROWS = 8
 """Rows per attention problem on a shared block: the queries of up to this many rows that read the
 same read-only block are stacked into one ``[SHARED_ROWS * group, D] @ [D, BLOCK]`` problem (a

@@ -131,8 +131,9 @@ def _candidates(roots: list[tuple[str, Path]], config: CorpusConfig) -> list[tup
     kept = [c for c in found if c[0] != "site-packages" or project_of(c[2]) in wanted]
     present = {project_of(rel) for label, _, rel in kept if label == "site-packages"}
     if missing := sorted(wanted - present):
-        raise ConfigError(f"corpus.packages: {', '.join(map(repr, missing))} has no usable .py files in "
-                          f"site-packages ({', '.join(str(root) for label, root in roots if label == 'site-packages')})")
+        folders = ", ".join(str(root) for label, root in roots if label == "site-packages")
+        raise ConfigError(f"corpus.packages: no usable .py files of {', '.join(map(repr, missing))} in "
+                          f"site-packages ({folders})")
     return kept
 
 
