@@ -114,10 +114,12 @@ def test_files_outside_the_binds_cannot_be_read(repo: Path, tmp_path: Path):
 def test_fork_bomb_is_contained_and_leaves_nothing(repo: Path):
     config = SandboxConfig(max_processes=64)
     marker = f"ocbomb{uuid.uuid4().hex[:6]}"
-    # The shell waits on builtins only: a fork of its own (`sleep`) would race the bomb for the last
-    # pids, and bash gives up on a fork that keeps failing -- a property of bash, not of the jail.
+    # The shell forks once, to start the bomb in the background before any pid is taken, then waits
+    # on builtins only: a fork of its own afterwards (`sleep`, or the bomb's first pipeline) would race
+    # the bomb for the last pids, and bash gives up on a fork that keeps failing -- a property of
+    # bash, not of the jail (under load the first pipeline lost that race once).
     wait = "SECONDS=0; while (( SECONDS < 3 )); do :; done"
-    bomb = f"{marker}() {{ {marker} | {marker} & }}; {marker}; {wait}; echo survived"
+    bomb = f"{marker}() {{ {marker} | {marker} & }}; {marker} & {wait}; echo survived"
     with Sandbox(repo, config) as sb:
         result = sb.run(bomb, timeout_s=20)
         cgroup = sb._cgroup
