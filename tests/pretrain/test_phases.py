@@ -67,6 +67,7 @@ def test_the_shipped_recipe_loads_and_round_trips(tmp_path: Path):
     ('[{steps=3, losses=["sft"], tokens=5}]', r"set exactly one"),
     ('[{losses=["sft"], tokens=5}]', r"pretrain.phases\[0\].tokens: a token budget counts lm tokens"),
     ('[{name="a", steps=1}, {name="a", steps=1}]', r"phase names must differ"),
+    ('[{steps=1, until="probe_copy_accuracy > 0.9"}]', r'pretrain.phases\[0\].until: expected "METRIC >= VALUE"'),
 ])
 def test_bad_phases_are_refused_naming_the_key(phases: str, message: str):
     with pytest.raises(ConfigError, match=message):
@@ -298,6 +299,50 @@ def test_phases_run_in_order_and_a_resume_continues_at_the_step_with_the_same_da
     for name, tensor in whole.state_dict().items():
         assert torch.allclose(resumed.state_dict()[name], tensor, atol=1e-6), name
     assert resumed.config.rope_parameters["rope_theta"] == 1e5
+
+
+def test_a_phase_ends_when_its_condition_is_met_and_a_resume_keeps_the_shortened_plan(tmp_path: Path,
+                                                                                    tiny_tokenizer):
+    """``pretrain.phases.until``: the phase ends at the first evaluation that meets it, the next phase
+    starts at the step it ended (global steps stay contiguous), and a run cut in the next phase
+    resumes with the same plan and data. Control: a condition never met takes the whole budget."""
+    from opencomposer.pretrain.checkpoints import latest_checkpoint
+    from opencomposer.pretrain.phases import run_phases
+
+    def phases(until: str) -> str:
+        return (f'pretrain.phases=[{{name="a", seq_len=32, steps=12, batch_size=2, warmup_steps=1, '
+                f'schedule="constant", until="{until}"}}, {{name="b", seq_len=48, steps=3, batch_size=2, '
+                f'warmup_steps=1}}]')
+
+    met, never = phases("heldout_loss <= 1000"), phases("heldout_loss <= 0")
+    _, _, full = run_phases(_config(tmp_path, "never", never), _corpus(), tiny_tokenizer, progress=False, probes=0)
+    assert [(p.name, p.steps) for p in full.phases] == [("a", 12), ("b", 3)] and full.steps == 15
+    _, _, short = run_phases(_config(tmp_path, "met", met, "pretrain.checkpoint_every=2"), _corpus(), tiny_tokenizer,
+                             progress=False, probes=0)
+    assert [(p.name, p.steps) for p in short.phases] == [("a", 4), ("b", 3)] and short.steps == 7  # eval_every=4
+    rows = _train_rows(tmp_path / "met")
+    assert [(r["step"], r["phase"]) for r in rows] == [(s, 0) for s in range(1, 5)] + [(s, 1) for s in range(5, 8)]
+    kept = sorted(p.name for p in (tmp_path / "met" / "checkpoints").iterdir())
+    assert kept == ["step-0000004", "step-0000007"]
+    end_of_a = json.loads((tmp_path / "met" / "checkpoints" / "step-0000004" / "state.json").read_text())
+    assert end_of_a["phase_end"] and end_of_a["ended"] == {"0": 4} and end_of_a["plan"][0]["steps"] == 12
+
+    def interrupt(step: int) -> None:
+        if step == 6:  # after the checkpoint at step 2 of "b"
+            raise Interrupted
+
+    config = _config(tmp_path, "cut", met, "pretrain.checkpoint_every=2")
+    with pytest.raises(Interrupted):
+        run_phases(config, _corpus(), tiny_tokenizer, progress=False, on_step=interrupt, probes=0)
+    checkpoint = latest_checkpoint(tmp_path / "cut")
+    assert checkpoint.name == "step-0000006"
+    _, _, again = run_phases(config, _corpus(), tiny_tokenizer, progress=False, probes=0)
+    assert again.resumed_from == checkpoint and [r["step"] for r in again.history if r["kind"] == "train"] == [7]
+    assert [r["data_crc"] for r in _train_rows(tmp_path / "cut")] == [r["data_crc"] for r in rows]
+
+    with pytest.raises(ConfigError, match=r"pretrain.phases\[0\].until: the evaluation has no metric 'nope'"):
+        run_phases(_config(tmp_path, "bad", phases("nope >= 1")), _corpus(), tiny_tokenizer, progress=False,
+                   probes=0)
 
 
 def test_a_run_does_not_resume_on_another_corpus(tmp_path: Path, tiny_tokenizer):

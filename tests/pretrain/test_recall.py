@@ -214,6 +214,31 @@ def test_the_append_probe_asks_for_the_marked_word_where_copying_says_stop(tiny_
         append_probe_documents(tiny_tokenizer, corpus.heldout, 12, 1)
 
 
+def test_the_copy_probe_asks_for_a_span_again_that_no_training_document_holds(tiny_moe, tmp_path: Path):
+    """``probe_copy``: a span, a newline, the same span's tokens as the answer; drawn from a stream
+    of its own (none is a training document of the run's seed); reported when a phase trains the
+    ``copy`` source, not otherwise."""
+    from opencomposer.pretrain.evaluation import copy_probe_documents, probe_sets, retrieval_probe
+    from opencomposer.pretrain.plan import plan_phases
+
+    model, tiny_tokenizer = tiny_moe
+    probes = copy_probe_documents(tiny_tokenizer, 16, seed=3)
+    assert len(probes) == 16 and copy_probe_documents(tiny_tokenizer, 16, seed=3) == probes
+    trained = {d.text.split("\n")[0] for d in copy_documents(word_pieces(tiny_tokenizer), 5000, 3)}
+    newline = _ids(tiny_tokenizer, "\n")
+    for ids, answer, distance in probes:
+        span = ids[answer:]
+        assert ids[1:answer] == span + newline and distance == answer - 1
+        assert tiny_tokenizer.decode(span) not in trained
+    scores = retrieval_probe(model, probes)
+    assert set(scores) == {"accuracy", "first_token", "logprob", "distance"}
+    config = load_recipe(None, ['pretrain.phases=[{steps=1, seq_len=64, sources=["copy"], weights=[1]}, '
+                                '{steps=1, seq_len=128}]'])
+    assert "probe_copy" in probe_sets(_corpus(), tiny_tokenizer, plan_phases(config.pretrain.phases), 4, 0)
+    without = load_recipe(None, ["pretrain.phases=[{steps=1, seq_len=64}, {steps=1, seq_len=128}]"])
+    assert "probe_copy" not in probe_sets(_corpus(), tiny_tokenizer, plan_phases(without.pretrain.phases), 4, 0)
+
+
 def test_a_phase_draws_the_documents_made_with_its_own_gap(tiny_tokenizer):
     """``pretrain.phases.recall_gap_chars``: a phase with a gap of its own draws generated documents
     made with that gap; the others, and the natural files, stay as they were."""

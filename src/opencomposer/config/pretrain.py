@@ -4,11 +4,14 @@ and ``[sft]``; one trainer runs them all as phases (``opencomposer.pretrain.plan
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from opencomposer.config.section import ConfigError, Section
 from opencomposer.config.tasks import TaskFamily
+
+_UNTIL = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(>=|<=)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
 PhaseLoss = Literal["lm", "sft", "mtp"]
 """What a phase can train: ``lm`` next-token loss on the packed code corpus; ``sft`` the
@@ -67,8 +70,27 @@ class PhaseConfig(Section):
     append_gap_chars: int = 0
     """The ``append`` documents' gap alone, when it differs; 0: the phase's recall gap. Short gaps
     put several list updates in a row: the append step is learned from rows dense in it."""
+    until: str = ""
+    """End the phase early at the first held-out evaluation (every ``pretrain.eval_every`` steps)
+    whose metric meets this condition, ``"METRIC >= VALUE"`` or ``"METRIC <= VALUE"`` (a name of the
+    evaluation row: ``probe_copy_accuracy >= 0.9``); ``steps`` (or ``tokens``) is then the most it
+    may take. The phases after it start where it ended. A skill that forms at a phase transition
+    (copying) forms after a number of steps that moves with the corpus and the seed: a phase that
+    runs until its probe passes does not hand the next one a half-formed circuit. Empty: the phase
+    takes its whole budget. Its learning-rate schedule spans the whole budget (``constant`` suits)."""
+
+    def condition(self) -> tuple[str, str, float] | None:
+        """``until`` as (metric, ``>=`` or ``<=``, value); None when the phase takes its budget."""
+        if not self.until:
+            return None
+        match = _UNTIL.match(self.until)
+        if match is None:
+            raise ConfigError(f'pretrain.phases.until: expected "METRIC >= VALUE" or "METRIC <= VALUE" '
+                              f'(probe_copy_accuracy >= 0.9), got {self.until!r}')
+        return match[1], match[2], float(match[3])
 
     def validate(self) -> None:
+        self.condition()
         for name in ("recall_gap_chars", "append_gap_chars"):
             if 0 < getattr(self, name) < 10:
                 raise ConfigError(f"pretrain.phases.{name}: must be 0 (the default) or >= 10, got {getattr(self, name)}")

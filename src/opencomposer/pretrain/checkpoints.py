@@ -1,7 +1,8 @@
 """Checkpoints of a phased run: ``{run}/checkpoints/step-NNNNNNN/`` (global step) holds ``model/``
 (a checkpoint ``transformers`` loads), ``trainer.pt`` (AdamW's state in the single-process
 layout, torch's RNG) and ``state.json`` (phase, step in it, global step, tokens, tokens per
-source, whether it ends its phase, the phase plan). One is written at the end of every phase
+source, whether it ends its phase, the phase plan, the phases a condition ended early and after
+how many steps: ``ended``). One is written at the end of every phase
 (kept) and every ``pretrain.checkpoint_every`` steps inside one (only the newest kept), each
 atomically; a resume reads the newest (docs/pretraining.md)."""
 
@@ -63,8 +64,10 @@ def save_phase_checkpoint(run_dir: Path, model: torch.nn.Module, tokenizer: Any,
 
 
 def plan_state(plan: list[Phase]) -> list[dict[str, Any]]:
-    """The plan as ``state.json`` keeps it: a resume with other phases is refused."""
-    return [{"name": p.name, "steps": p.steps, **dataclasses.asdict(p.config)} for p in plan]
+    """The plan as ``state.json`` keeps it: a resume with other phases is refused. An empty
+    ``until`` is left out, as checkpoints written before the key existed have it."""
+    return [{"name": p.name, "steps": p.steps,
+             **{k: v for k, v in dataclasses.asdict(p.config).items() if k != "until" or v}} for p in plan]
 
 
 def resume_state(checkpoint: Path | None, plan: list[Phase]) -> dict[str, Any]:

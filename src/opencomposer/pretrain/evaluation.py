@@ -1,17 +1,21 @@
 """Held-out measurements of a run: loss on held-out code, the MTP layers' agreement, and the
-retrieval and append probes (docs/pretraining.md, "The retrieval probe").
+retrieval, append and copy probes (docs/pretraining.md, "The retrieval probe").
 
 ``Evaluator`` holds what a run evaluates on, built once: held-out rows at each phase's length,
 rows at the longest phase's length split at the first phase's (``heldout_near_loss``,
 ``heldout_far_loss``), and the probes: a file whose first line assigns a random value to a fresh
 name and whose last line asks for it, at the longest length and within the first phase's; and
-an append probe at each length a phase trains the ``append`` source at. Each is scored by greedy
-exact match of the answer's tokens, first-token accuracy and mean log-probability.
+an append probe at each length a phase trains the ``append`` source at; and, when a phase trains
+the ``copy`` source, copy probes (``probe_copy``): a span of the vocabulary's word pieces, a
+newline, the same span, which only an induction circuit completes (a phase's ``until`` can wait
+for it). Each is scored by greedy exact match of the answer's tokens, first-token accuracy and
+mean log-probability.
 """
 
 from __future__ import annotations
 
 import contextlib
+import zlib
 from typing import Any
 
 import numpy as np
@@ -22,7 +26,7 @@ from opencomposer.model.corpus import CodeFile, Corpus
 from opencomposer.pretrain.data import documents, fixed_batches, seed_of
 from opencomposer.pretrain.losses import token_losses
 from opencomposer.pretrain.plan import Phase
-from opencomposer.pretrain.recall import PROBE_WORDS
+from opencomposer.pretrain.recall import PROBE_WORDS, copy_documents, word_pieces
 from opencomposer.pretrain.recall import SOURCES as GENERATED_SOURCES
 
 
@@ -66,7 +70,8 @@ class Evaluator:
 
 def probe_sets(corpus: Corpus, tokenizer: Any, plan: list[Phase], count: int, seed: int) -> dict[str, list]:
     """``count`` probes of each kind the plan calls for (module doc), by the label of their metrics:
-    ``probe_long`` and ``probe_short`` when phases differ in length, ``probe_append_<len>``."""
+    ``probe_long`` and ``probe_short`` when phases differ in length, ``probe_append_<len>``,
+    ``probe_copy`` when a phase trains the ``copy`` source."""
     if not count:
         return {}
     base_len = plan[0].config.seq_len
@@ -80,6 +85,8 @@ def probe_sets(corpus: Corpus, tokenizer: Any, plan: list[Phase], count: int, se
     for length in sorted({p.config.seq_len for p in plan if p.lm and "append" in p.config.sources}):
         with contextlib.suppress(ValueError):
             sets[f"probe_append_{length}"] = append_probe_documents(tokenizer, filler, length, count, seed)
+    if any(p.lm and "copy" in p.config.sources for p in plan):
+        sets["probe_copy"] = copy_probe_documents(tokenizer, count, seed)
     return sets
 
 
@@ -203,6 +210,25 @@ def append_probe_documents(tokenizer: Any, filler: list[CodeFile], length: int, 
         spread = (code * (1 + room // len(code)))[start : start + room]
         ids = head + spread[:far] + mark + spread[far:] + again + answer
         probes.append((ids, len(ids) - len(answer), len(ids) - len(answer) - len(head) + 1))
+    return probes
+
+
+def copy_probe_documents(tokenizer: Any, count: int, seed: int = 0) -> list[tuple[list[int], int, int]]:
+    """``count`` copy probes in ``probe_documents``' form: a document separator, a span of word
+    pieces drawn as the ``copy`` source draws them (``recall.copy_documents``, from a stream of
+    its own, so no probe is a training document), a newline and the span again, whose tokens are
+    the answer. Built in token space: the answer repeats the first span's tokens exactly."""
+    from opencomposer.model.tokenizer import document_separator_id
+
+    def tok(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    stream = zlib.crc32(f"copy-probe-{seed}".encode())
+    probes = []
+    for doc in copy_documents(word_pieces(tokenizer), count, stream):
+        span = tok(doc.text.split("\n", 1)[0])
+        head = [document_separator_id(tokenizer), *span, *tok("\n")]
+        probes.append((head + span, len(head), len(head) - 1))
     return probes
 
 

@@ -226,10 +226,14 @@ class Trainer:
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         self.episodes: list | None = None
         self.start = time.perf_counter()
-        if state["step"] == self.plan[state["phase"]].steps:  # the checkpoint ends a phase: start the next
+        self.budgets = list(self.plan)  # the recipe's plan, which a checkpoint names (``plan_state``)
+        for index, steps in state.get("ended", {}).items():  # phases a condition ended early (``until``)
+            self.shorten(int(index), steps)
+        if state.get("phase_end") or state["step"] == self.plan[state["phase"]].steps:  # start the next phase
             state = {**state, "phase": state["phase"] + 1, "step": 0}
-        for phase in self.plan[state["phase"]:]:
-            self.run_phase(phase, state["step"] if phase.index == state["phase"] else 0)
+        self.ended = dict(state.get("ended", {}))
+        for index in range(state["phase"], len(self.plan)):  # by index: an early end moves the later phases
+            self.run_phase(self.plan[index], state["step"] if index == state["phase"] else 0)
         self.result.seconds = time.perf_counter() - self.start
         self.model.eval()
         return self.result
@@ -254,7 +258,12 @@ class Trainer:
                 global_step = phase.first_step + step + 1
                 last = step + 1 == phase.steps or self.out_of_time(phase, started)
                 if last or (step + 1) % self.settings.eval_every == 0:
-                    self.evaluate(phase, global_step, "end" if last else "during", summary)
+                    scores = self.evaluate(phase, global_step, "end" if last else "during", summary)
+                    if not last and self.condition_met(phase, scores):
+                        last = True
+                        self.ended[str(phase.index)] = step + 1
+                        self.shorten(phase.index, step + 1)
+                        summary.steps = step + 1
                 if self.run_dir is not None and (last or (every and (step + 1) % every == 0)):
                     self.checkpoint(phase, step + 1, last)
                 bar.update(step + 1, loss=row["loss"])
@@ -262,6 +271,24 @@ class Trainer:
                     self.on_step(global_step)
                 if last:
                     break
+
+    def condition_met(self, phase: Phase, scores: dict[str, float]) -> bool:
+        """Whether ``scores`` (an evaluation row) meet the phase's ``until`` (never without one)."""
+        condition = phase.config.condition()
+        if condition is None:
+            return False
+        metric, op, value = condition
+        if metric not in scores:
+            raise ConfigError(f"{phase.key('until')}: the evaluation has no metric {metric!r}; it measures "
+                              + (", ".join(sorted(scores)) or "nothing (pretrain.eval_batches = 0 or no held-out files)"))
+        return scores[metric] >= value if op == ">=" else scores[metric] <= value
+
+    def shorten(self, index: int, steps: int) -> None:
+        """Phase ``index`` ended after ``steps`` steps (its ``until``): the phases after it start there."""
+        cut = self.plan[index].steps - steps
+        self.plan[index] = dataclasses.replace(self.plan[index], steps=steps)
+        for i in range(index + 1, len(self.plan)):
+            self.plan[i] = dataclasses.replace(self.plan[i], first_step=self.plan[i].first_step - cut)
 
     def enter(self, phase: Phase) -> None:
         """Set the phase's RoPE base and row length on the model (and on rank 0's whole copy)."""
@@ -393,15 +420,16 @@ class Trainer:
                 padding_forward(self.model, self.device)
         return metrics
 
-    def evaluate(self, phase: Phase, global_step: int, when: str, summary: PhaseSummary) -> None:
-        """Log the held-out row of ``phase`` at ``global_step``, when the run measures anything."""
+    def evaluate(self, phase: Phase, global_step: int, when: str, summary: PhaseSummary) -> dict[str, float]:
+        """Log the held-out row of ``phase`` at ``global_step``, when the run measures anything; the row."""
         scores = self.evaluator(self.model, phase) if self.evaluator is not None else {}
         if not scores:
-            return
+            return scores
         row = {"tokens": self.result.tokens, "phase": phase.index, **scores}
         self.log.log(global_step, "eval", row)
         self.result.history.append({"step": global_step, "kind": "eval", "when": when, **row})
         summary.evals.append(row)
+        return scores
 
     def checkpoint(self, phase: Phase, step: int, last: bool) -> None:
         """Write ``checkpoints/step-N`` after ``step`` steps of ``phase`` (collective; rank 0 writes)."""
@@ -411,7 +439,7 @@ class Trainer:
             save_phase_checkpoint(self.run_dir, whole, self.tokenizer, optimizer_state, {
                 "phase": phase.index, "phase_name": phase.name, "step": step, "global_step": phase.first_step + step,
                 "tokens": self.result.tokens, "phase_end": last, "mix": self.result.mix,
-                "plan": plan_state(self.plan)})
+                "plan": plan_state(self.budgets), "ended": self.ended})
 
 
 def train_in_memory(model: torch.nn.Module, tokenizer: Any, settings: PretrainConfig, plan: list[Phase], *,
