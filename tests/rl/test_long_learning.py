@@ -17,8 +17,10 @@ Failing since 2026-12-07 (docs/LOG.md, "a test moved off a phase transition"): r
 in another environment, the SFT policy resolves none of 64 held-out episodes at 1,350 or 1,600
 steps, so the first assertion fails. Its corpus, and the tokenizer trained on it, were then a
 sample of every installed package, which moves with the environment ("the corpus moved with the
-environment"); the recipe now takes the standard library and torch, and its rerun on that corpus
-decides whether the recipe has to form its skills more robustly (issue 35).
+environment"); the recipe now takes the standard library and torch. On that corpus the fixed
+2,000-step copy phase ended before copying formed (seed 0), and nothing later formed it; the copy
+phase now runs until the copy probe passes (``pretrain.phases.until``), and the three stages are
+being rerun on it (issue 35).
 """
 
 from __future__ import annotations
