@@ -4,7 +4,7 @@ Data: real harness episodes. ``--tasks`` bug tasks are generated (``tasks.genera
 ``bugs`` family: one function-level bug each, verified), and the oracle plays each in the sandbox
 (``sft.demonstrations = "explore"``: grep, read, edit, run the tests, finish; five turns, about
 1.6-2.2 k tokens, the first ~1,140 of them the prompt: the system prompt and tool list, about
-1,100 tokens that every task shares, then the instruction). Model: SmolLM2-135M-Instruct, untouched (``model.kind = "smollm2"``). Five
+1,100 tokens that every task shares, then the instruction). Model: SmolLM2-135M-Instruct, untouched (``model.kind = "smollm2"``). Six
 measurements, each two settings on the same inputs, named as ``--only`` takes them:
 
 1. ``bf16``: one SFT step (``training.forward.token_logprobs``, the masked mean cross-entropy of
@@ -27,6 +27,14 @@ measurements, each two settings on the same inputs, named as ``--only`` takes th
    follow the tool format yet, so it often writes until the cap), with the larger of ``--caps``
    against the smaller as ``max_new_tokens``, stopping at ``<|im_end|>`` / EOS like the agent
    policy; seconds per turn and the share of turns that hit the cap.
+
+6. ``rl_step``: one step of the project's RL loop (``rl.loop.run_rl``, the synchronous source)
+   with ``recipes/smollm2-bugs.toml``'s settings: ``--rl-tasks`` freshly generated bug tasks ×
+   ``--group`` rollouts (16 episodes by default) sampled, graded in the sandbox and trained on,
+   from the untouched model (or ``--policy``, an SFT checkpoint), the recipe's speed-ups off (fp32
+   training, no prefix cache) against on. Seconds are the loop's own ``step_s`` (rollouts and
+   grading, then the update: ``train_s``); model loading and task generation are not counted.
+   Issue 40's target is the second side's seconds: at most 120 on two cores.
 
 Sampling at temperature 1 with fixed seeds (the same in every repeat, so repeats time the same
 work). Every measurement runs its two sides interleaved, alternating which goes first, after one
@@ -65,11 +73,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-MEASUREMENTS = ("bf16", "shared_prefix", "kv_cache", "group_batching", "turn_cap")
+MEASUREMENTS = ("bf16", "shared_prefix", "kv_cache", "group_batching", "turn_cap", "rl_step")
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-bugs.toml"
+RL_STEP_TARGET_S = 120.0  # issue 40: a SmolLM2 RL step of 16 episodes in two minutes on two cores
 CACHE_TOKENS = 16384  # the prefix cache's budget in positions: a whole episode fits
 LEARNING_RATE = 2e-5
 TRAINER_PAIRS = {"bf16": ("fp32", "bf16"), "shared_prefix": ("bf16, no shared prefix", "bf16")}  # without, with
-QUICK = dict(tasks=2, batch=2, new_tokens=8, repeats=1, group=2, caps=[16, 32], row_tokens=1216)
+QUICK = dict(tasks=2, batch=2, new_tokens=8, repeats=1, group=2, caps=[16, 32], row_tokens=1216, rl_tasks=1,
+             rl_turns=2)
 
 
 def _sibling(name: str):
@@ -359,6 +370,57 @@ def turn_cap(h: Harness, args: argparse.Namespace) -> dict:
                 caps=[large, small], turns=len(prompts), cap_hit_share=shares, tokens_per_turn=lengths)
 
 
+# -- the RL step ---------------------------------------------------------------------------------
+
+
+def rl_step(args: argparse.Namespace) -> dict:
+    """Measurement 6: one step of the RL loop on fresh bug tasks, the recipe's speed-ups off against on."""
+    from opencomposer.config import load_recipe
+    from opencomposer.rl.loop import run_rl
+    from opencomposer.tasks.generators.registry import TaskFactory, generate
+    from opencomposer.training.metrics import read_metrics
+
+    with tempfile.TemporaryDirectory(prefix="smollm2-rl-step-") as folder:
+        root = Path(folder)
+        base = load_recipe(RECIPE, [f"tasks.max_turns={args.rl_turns}"])  # a task's turn limit is written with it
+        factory = TaskFactory("bugs", seed=1, split="train", config=base.tasks, sandbox=base.sandbox)
+        made = [r.task for r in generate(factory, args.rl_tasks, root / "tasks") if r.task is not None]
+        if len(made) < args.rl_tasks:
+            raise RuntimeError(f"only {len(made)} of {args.rl_tasks} bug tasks could be generated")
+        model = [f"model.path={args.policy}"] if args.policy else ["model.kind=smollm2", "model.path="]
+        common = [*model, f"run.out_dir={root}", f"run.threads={args.threads}", f"rl.train_tasks={root / 'tasks'}",
+                  "rl.eval_suite=", "rl.eval_every=0", "rl.steps=1", f"rl.batch_tasks={args.rl_tasks}",
+                  f"rl.group_size={args.group}", "rl.checkpoint_every=1"]
+        if args.quick:
+            common.append(f"sampling.max_new_tokens={args.new_tokens}")
+        sides = {"fp32, no prefix cache": ["rl.bf16=false", "inference.prefix_cache_tokens=0"], "the recipe": []}
+        count = iter(range(10**6))
+
+        def side(overrides: list[str]) -> Callable[[], dict]:
+            def run() -> dict:
+                name = f"step-{next(count)}"
+                run_rl(load_recipe(RECIPE, [*common, f"run.name={name}", *overrides]), progress=False)
+                [row] = read_metrics(root / name, "train")
+                return dict(seconds=row["step_s"], train_s=row["train_s"], rollout_s=row["step_s"] - row["train_s"],
+                            episodes=args.rl_tasks * args.group, episode_tokens=row["episode_tokens"],
+                            episode_turns=row["episode_turns"], reward=row["reward_mean"])
+            return run
+
+        runs = interleaved({name: side(overrides) for name, overrides in sides.items()}, args.repeats, warmup=False)
+    settings = tuple(sides)
+    rollout_s = [median(runs[s], "rollout_s") for s in settings]
+    train_s = [median(runs[s], "train_s") for s in settings]
+    with_s = median(runs[settings[1]])
+    tokens = median(runs[settings[1]], "episode_tokens")
+    note = (f"{args.rl_tasks * args.group} episodes, {tokens:.0f} model tokens each: rollouts+grading "
+            f"{rollout_s[0]:.0f} / {rollout_s[1]:.0f} s, "
+            f"update {train_s[0]:.0f} / {train_s[1]:.0f} s; target <= {RL_STEP_TARGET_S:.0f} s "
+            f"({'met' if with_s <= RL_STEP_TARGET_S else 'not met'})")
+    return pair(settings, runs, note, rollout_s=rollout_s, train_s=train_s, target_s=RL_STEP_TARGET_S,
+                episodes=args.rl_tasks * args.group, episode_tokens=tokens,
+                policy=args.policy or "untouched SmolLM2-135M-Instruct")
+
+
 # -- report --------------------------------------------------------------------------------------
 
 
@@ -385,6 +447,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=48, help="tokens sampled per turn (kv_cache) and per sample (group_batching)")
     parser.add_argument("--group", type=int, default=4, help="samples per prompt (group_batching)")
     parser.add_argument("--caps", type=int, nargs=2, default=[128, 512], help="the two per-turn token caps")
+    parser.add_argument("--rl-tasks", type=int, default=4, help="tasks of the RL step (x --group episodes)")
+    parser.add_argument("--rl-turns", type=int, default=8, help="the RL step's tasks.max_turns (the recipe's 8)")
+    parser.add_argument("--policy", default="", help="rl_step: a checkpoint to start from (default: the untouched model)")
     parser.add_argument("--only", default=",".join(MEASUREMENTS), help="comma list of: " + ", ".join(MEASUREMENTS))
     parser.add_argument("--clock", choices=tuple(prefix_cache.CLOCKS), default="wall",
                         help="wall clock, or the process's CPU time (one thread, shared machine)")
@@ -408,13 +473,15 @@ def main(argv: list[str] | None = None) -> dict:
     prefix_cache.clock = prefix_cache.CLOCKS[args.clock]
     torch.manual_seed(0)
     started = time.perf_counter()
-    h = harness(args.tasks)
-    log(f"{len(h.episodes)} oracle episodes on generated bug tasks ({time.perf_counter() - started:.0f} s)")
-    data = dict(episodes=len(h.episodes), episode_tokens=[len(e.segments[0].token_ids()) for e in h.episodes],
-                prompt_tokens=[len(e.segments[0].prompt_ids) for e in h.episodes],
-                turns=[len(e.turns) for e in h.episodes], seconds=time.perf_counter() - started)
     measurements: dict[str, dict] = {}
     wanted = set(args.only)
+    data: dict[str, Any] = {}
+    if wanted - {"rl_step"}:  # the oracle's episodes; the RL step makes its own
+        h = harness(args.tasks)
+        log(f"{len(h.episodes)} oracle episodes on generated bug tasks ({time.perf_counter() - started:.0f} s)")
+        data = dict(episodes=len(h.episodes), episode_tokens=[len(e.segments[0].token_ids()) for e in h.episodes],
+                    prompt_tokens=[len(e.segments[0].prompt_ids) for e in h.episodes],
+                    turns=[len(e.turns) for e in h.episodes], seconds=time.perf_counter() - started)
     if wanted & set(TRAINER_PAIRS):
         measurements.update(trainer(h, args, wanted))
         log(f"trainer steps: {', '.join(sorted(wanted & set(TRAINER_PAIRS)))} ({time.perf_counter() - started:.0f} s)")
@@ -422,6 +489,9 @@ def main(argv: list[str] | None = None) -> dict:
         if name in wanted:
             measurements[name] = measure(h, args)
             log(f"{name} ({time.perf_counter() - started:.0f} s)")
+    if "rl_step" in wanted:
+        measurements["rl_step"] = rl_step(args)
+        log(f"rl_step ({time.perf_counter() - started:.0f} s)")
     measurements = {name: measurements[name] for name in MEASUREMENTS if name in measurements}
     print_table(measurements)
     results = dict(args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -1,11 +1,11 @@
 """``benchmarks/smollm2_practical.py`` (issue 17): the script's ``--quick`` mode end to end.
 
 SmolLM2-135M on two oracle episodes of real bug tasks (the sandbox plays them), one repeat of
-every measurement at tiny sizes: the JSON has all five, each with two positive times and a
+every measurement at tiny sizes: the JSON has all six, each with two positive times and a
 finite speed-up; bf16 autocast changes the SFT loss by well under 5% (the accuracy it trades is
 small, whatever the speed); the shared-prefix forward computes the same loss up to bf16 rounding
 (the two bf16 forwards round differently: on this CPU the full-sequence one lands further from
-fp32); the turn-cap share is a share. Speed-ups are not asserted: at these sizes, on a shared machine, they are noise (the
+fp32); the turn-cap share is a share; the RL step ran the loop's rollouts and update on both sides. Speed-ups are not asserted: at these sizes, on a shared machine, they are noise (the
 full run's numbers go to docs/LOG.md).
 """
 
@@ -55,3 +55,8 @@ def test_quick_run_measures_every_speedup_side_by_side(tmp_path, smollm2, capsys
     assert cap["caps"] == [32, 16]
     assert all(0.0 <= share <= 1.0 for share in cap["cap_hit_share"])
     assert all(0 < tokens <= limit for tokens, limit in zip(cap["tokens_per_turn"], cap["caps"]))
+
+    step = measurements["rl_step"]
+    assert step["episodes"] == 2 and step["target_s"] == 120.0  # --quick: one task x --group 2
+    assert all(r > 0 for r in step["rollout_s"]) and all(t > 0 for t in step["train_s"])
+    assert 0 < step["episode_tokens"] <= 2 * 8  # model tokens: --quick's two turns of 8 at most
