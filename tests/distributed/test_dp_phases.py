@@ -1,8 +1,8 @@
-"""``[[pretrain.phases]]`` at world size 2 equal one process: four phases (a short ``lm`` phase, a
-longer one with a new RoPE base and ``mtp``, an ``sft`` + ``mtp`` phase on the oracle's episodes,
+"""``[[pretrain.phases]]`` at world size 2 equal one process: four phases (a short ``lm`` phase that
+ends at its first evaluation, its ``until`` decided by rank 0 for every rank, a longer one with a new RoPE base and ``mtp``, an ``sft`` + ``mtp`` phase on the oracle's episodes,
 and ``mtp`` alone, whose trunk gets no gradient: its experts must not move under EP either)
 run data-parallel (rows split over the ranks), context-parallel (``parallel.cp = 2``: each row's
-positions split, and the run stopped after step 3 and resumed from its checkpoint) and
+positions split, and the run stopped after step 2 and resumed from its checkpoint) and
 expert-parallel (``parallel.ep = 2``: each MoE layer's experts split) give the same
 losses, gradient norms, evaluations, checkpoint files and final weights as one process. The MoE
 load-balancing term is off: it is per rank by design."""
@@ -24,7 +24,7 @@ from tests.pretrain.test_phases import _config, _corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.bwrap]
 
-THREE = ('{name="short", seq_len=32, steps=2, batch_size=4, warmup_steps=1}, '
+THREE = ('{name="short", seq_len=32, steps=3, batch_size=4, warmup_steps=1, until="heldout_loss <= 1000"}, '
          '{name="long", seq_len=64, steps=2, batch_size=2, warmup_steps=1, rope_theta=1e5, losses=["lm", "mtp"]}, '
          '{name="sft", losses=["sft", "mtp"], steps=2, sft_batch_size=4, lr=1e-3, warmup_steps=1}')
 DRAFT = '{name="draft", seq_len=32, steps=2, batch_size=2, losses=["mtp"], warmup_steps=1}'
@@ -39,7 +39,7 @@ EXTRA = ["sft.task_family=tiny", "sft.num_tasks=3", "model.num_mtp_layers=1", "p
          "pretrain.checkpoint_every=1"]
 
 
-STOP_AT = 3
+STOP_AT = 2  # the short phase ends at its first evaluation (step 1, its until): inside the long phase
 
 
 class _Stopped(Exception):
@@ -69,7 +69,7 @@ def _rank(rank: int, port: int, cp: int, ep: int, folder: str) -> None:
         _no_aux(phases)
         ep_group, _ = expert_parallel_groups(2, ep, rank)
         world = World(rank, 2, cp=cp, cp_group=context_parallel_groups(2, cp, rank), ep=ep, ep_group=ep_group)
-        if cp > 1:  # stopped after step 3 (inside the second phase) on every rank, then rerun
+        if cp > 1:  # stopped after step 2 (inside the second phase) on every rank, then rerun
             def stop(step: int) -> None:
                 if step == STOP_AT:
                     raise _Stopped
@@ -144,6 +144,8 @@ def test_phases_at_world_size_2_equal_one_process(single, tmp_path, tiny_tokeniz
                 continue
             assert got[name] == pytest.approx(value, rel=2e-4, abs=1e-6), (got["step"], name)
             compared += 1
+    if cp == 1:  # the short phase took one of its three steps, on every rank alike
+        assert [r["step"] for r in got_history if r["kind"] == "train" and r["phase"] == 0] == [1]
     phases_seen = {r["phase"] for r in history if r["kind"] == "train"}
     every = set(range(4 if ep > 1 else 3))
     assert phases_seen == (every if cp == 1 else every - {0}) and compared > 20

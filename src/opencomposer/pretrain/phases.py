@@ -273,7 +273,8 @@ class Trainer:
                     break
 
     def condition_met(self, phase: Phase, scores: dict[str, float]) -> bool:
-        """Whether ``scores`` (an evaluation row) meet the phase's ``until`` (never without one)."""
+        """Whether ``scores`` (an evaluation row) meet the phase's ``until`` (never without one);
+        rank 0's scores decide for every rank, so all of them end the phase at the same step."""
         condition = phase.config.condition()
         if condition is None:
             return False
@@ -281,7 +282,7 @@ class Trainer:
         if metric not in scores:
             raise ConfigError(f"{phase.key('until')}: the evaluation has no metric {metric!r}; it measures "
                               + (", ".join(sorted(scores)) or "nothing (pretrain.eval_batches = 0 or no held-out files)"))
-        return scores[metric] >= value if op == ">=" else scores[metric] <= value
+        return bool(self.world.broadcast(scores[metric] >= value if op == ">=" else scores[metric] <= value))
 
     def shorten(self, index: int, steps: int) -> None:
         """Phase ``index`` ended after ``steps`` steps (its ``until``): the phases after it start there."""
