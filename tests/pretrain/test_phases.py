@@ -343,6 +343,7 @@ def test_a_phase_ends_when_its_condition_is_met_and_a_resume_keeps_the_shortened
     with pytest.raises(ConfigError, match=r"pretrain.phases\[0\].until: the evaluation has no metric 'nope'"):
         run_phases(_config(tmp_path, "bad", phases("nope >= 1")), _corpus(), tiny_tokenizer, progress=False,
                    probes=0)
+    assert not _train_rows(tmp_path / "bad")  # refused at the phase's first evaluation, before a step
 
 
 def test_a_run_does_not_resume_on_another_corpus(tmp_path: Path, tiny_tokenizer):

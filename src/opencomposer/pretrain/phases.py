@@ -247,7 +247,8 @@ class Trainer:
         self.enter(phase)
         rows, demos = self.streams(phase, first)
         if first == 0:
-            self.evaluate(phase, phase.first_step, "start", summary)
+            scores = self.evaluate(phase, phase.first_step, "start", summary)
+            self.condition_met(phase, scores)  # a metric the evaluation lacks is refused now, not steps later
         self.model.train()
         started = time.perf_counter()
         every = self.settings.checkpoint_every
