@@ -5,7 +5,10 @@ Three ways to lay out the same rows, side by side on the same model and the same
 - ``padded+prefix``: one row per segment, right-padded, the shared-prefix forward on (one process's
   default: the common system prompt is computed once per micro-batch);
 - ``padded``: one row per segment, the shared prefix off (what every data-parallel rank runs);
-- ``packed``: segments packed into rows of ``--pack-tokens`` (``training.packing.pack_rows``).
+- ``packed``: segments packed into rows of ``--pack-tokens`` (``training.packing.pack_rows``);
+- ``prefix-once``: ``padded+prefix`` with micro-batches that count the shared prefix once in
+  ``--micro-batch-tokens`` (``micro_batches(..., prefix)``, what one process's RL trainer and SFT
+  now do), so more rows share each computation of it.
 
 Two length mixes: ``harness`` (every row opens with the same ``--prefix`` tokens, a system prompt
 and tool list, then an episode tail of 100 to 2,000 tokens, log-uniform: agent rollouts) and
@@ -17,6 +20,8 @@ tokens per second, and the speed of ``packed`` over each of the others.
     .venv/bin/python benchmarks/packing.py                       # tiny MoE, both mixes
     .venv/bin/python benchmarks/packing.py --model smollm2-shape --rows 8 --steps 2
     .venv/bin/python benchmarks/packing.py --quick               # three rows of the harness mix, one step
+    .venv/bin/python benchmarks/packing.py --model smollm2-shape --mix harness --rows 16 \
+        --micro-batch-tokens 4096 --layouts padded+prefix,prefix-once   # smollm2-bugs' RL step shape
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import numpy as np
 import torch
 
 QUICK = {"rows": 3, "prefix": 64, "steps": 1, "mix": "harness"}
-LAYOUTS = ("padded+prefix", "padded", "packed")
+LAYOUTS = ("padded+prefix", "padded", "packed", "prefix-once")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,12 +52,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-tokens", type=int, default=8192, help="rl.micro_batch_tokens (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per layout (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma list of: " + ", ".join(LAYOUTS))
     parser.add_argument("--out", type=Path, help="results JSON (default: benchmarks/results/packing.json)")
     args = _quick.parse_args(parser, QUICK, argv)
     if args.out is None:
         args.out = args.results_dir / "packing.json"
     if not 64 <= args.pack_tokens <= args.micro_batch_tokens:
         parser.error("--pack-tokens must be between 64 and --micro-batch-tokens")
+    args.layouts = [name.strip() for name in args.layouts.split(",") if name.strip()]
+    unknown = sorted(set(args.layouts) - set(LAYOUTS))
+    if unknown or not args.layouts:
+        parser.error(f"--layouts: expected some of {list(LAYOUTS)}, got {args.layouts}")
     return args
 
 
@@ -96,19 +106,26 @@ def time_layout(model, rows, layout: str, args) -> dict[str, float]:
     import opencomposer.rl.step as step_module
     from opencomposer.config import RLConfig
     from opencomposer.rl.step import train_step
-    from opencomposer.training.forward import token_logprobs
+    from opencomposer.training.forward import MIN_SHARED_PREFIX, token_logprobs
     from opencomposer.training.optim import build_optimizer
-    from opencomposer.training.packing import collate, micro_batches, pack_rows, padded_positions
+    from opencomposer.training.packing import (
+        collate,
+        common_prefix,
+        micro_batches,
+        pack_rows,
+        padded_positions,
+    )
 
     laid = pack_rows(rows, args.pack_tokens) if layout == "packed" else list(rows)
     real, padded = padded_positions(laid, args.micro_batch_tokens)
     config = RLConfig(lr=1e-7, micro_batch_tokens=args.micro_batch_tokens)
     config.kl.reference, config.kl.coef = "none", 0.0
-    batches = [collate(chunk, 0) for chunk in micro_batches(laid, config.micro_batch_tokens)]
+    prefix = common_prefix(laid, MIN_SHARED_PREFIX) if layout == "prefix-once" else 0
+    batches = [collate(chunk, 0) for chunk in micro_batches(laid, config.micro_batch_tokens, prefix)]
     optimizer = build_optimizer(model, lr=config.lr)
 
     def forward(model, batch, **kwargs):
-        kwargs["share_prefix"] = layout == "padded+prefix"
+        kwargs["share_prefix"] = layout in ("padded+prefix", "prefix-once")
         return token_logprobs(model, batch, **kwargs)
 
     step_module.token_logprobs = forward
@@ -137,16 +154,18 @@ def main(argv: list[str] | None = None) -> dict:
     for mix in mixes:
         rows = make_rows(mix, args.rows, args.prefix, vocab)
         measured = {}
-        for layout in LAYOUTS:
+        for layout in args.layouts:
             measured[layout] = time_layout(model, rows, layout, args)
             m = measured[layout]
             print(f"{mix:8s} {layout:14s} {m['seconds']:8.2f} s/step  {m['tokens_per_s']:9.0f} tok/s  "
                   f"padding {m['padding_fraction']:5.1%}  {m['rows']:3d} rows  {m['micro_batches']:2d} micro-batches",
                   flush=True)
-        speed = {f"packed_over_{layout}": measured[layout]["seconds"] / measured["packed"]["seconds"]
-                 for layout in LAYOUTS if layout != "packed"}
-        print(f"{mix:8s} packed is {speed['packed_over_padded+prefix']:.2f}x padded+prefix, "
-              f"{speed['packed_over_padded']:.2f}x padded", flush=True)
+        speed = {f"{fast}_over_{slow}": measured[slow]["seconds"] / measured[fast]["seconds"]
+                 for fast in ("packed", "prefix-once") for slow in LAYOUTS
+                 if fast in measured and slow in measured and slow != fast and slow != "packed"}
+        for name, ratio in speed.items():
+            fast, slow = name.split("_over_")
+            print(f"{mix:8s} {fast} is {ratio:.2f}x {slow}", flush=True)
         results["mixes"][mix] = {"layouts": measured, **speed}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -14,7 +14,7 @@ import torch
 from opencomposer.config import Config, RLConfig
 from opencomposer.rl.step import train_step
 from opencomposer.rl.trainer import Trainer
-from opencomposer.training.packing import collate, episode_rows, micro_batches
+from opencomposer.training.packing import collate, common_prefix, episode_rows, micro_batches
 from opencomposer.types import Episode, EpisodeStatus, Grade, Group, Segment, Task, TokenKind, Turn
 from tests.training.test_forward import SMALL
 
@@ -84,6 +84,30 @@ def test_train_step_gradient_is_the_composer_policy_gradient_and_micro_batches_a
         assert float((split[name] - whole[name]).abs().max()) / scale < 1e-3, name
     untouched = [n for n, d in whole.items() if n not in expected]
     assert all(float(whole[n].abs().max()) == 0.0 for n in untouched)
+
+
+def test_micro_batches_that_count_the_shared_prefix_once_leave_the_update_alone(small):
+    """``micro_batches(..., prefix)``: rows sharing a 59-position prompt go five to a micro-batch of
+    150 positions (59 + 5 × 13) where the padded count fits two (2 × 72); the update is the same,
+    and the prefix is the one the shared-prefix forward finds (control: rows without it cut as
+    before)."""
+    from opencomposer.training.forward import MIN_SHARED_PREFIX, shared_prefix_length
+
+    model, _ = small
+    rng = np.random.default_rng(3)
+    rows = episode_rows([episode(rng, r) for r in (1.0, 0.0, 0.0, 1.0, 0.0)], [0.6, -0.4, -0.4, 0.6, -0.4])
+    prefix = common_prefix(rows, MIN_SHARED_PREFIX)
+    assert prefix == shared_prefix_length(collate(rows, 0)) == len(PROMPT) - 1
+    counted_once = micro_batches(rows, 150, prefix)
+    assert [len(c) for c in counted_once] == [5] and len(micro_batches(rows, 150)) == 3
+    config = RLConfig(grad_clip=0.0)
+    config.loss.token_budget = 64
+    padded = sgd_update(model, [collate(c, 0) for c in micro_batches(rows, 150)], config)
+    once = sgd_update(model, [collate(c, 0) for c in counted_once], config)
+    for name, delta in padded.items():
+        scale = float(delta.abs().max()) + 1e-12
+        assert float((once[name] - delta).abs().max()) / scale < 1e-3, name
+    assert common_prefix(rows[:1], MIN_SHARED_PREFIX) == 0 and common_prefix(rows, 100) == 0
 
 
 def test_gradient_clipping_bounds_the_update_norm(small):

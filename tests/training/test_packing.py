@@ -8,6 +8,7 @@ import torch
 
 from opencomposer.training.packing import (
     collate,
+    common_prefix,
     episode_rows,
     micro_batches,
     segment_arrays,
@@ -85,6 +86,29 @@ def test_micro_batches_respect_the_token_budget_and_are_deterministic():
     width = int(lengths[longest_first[0]]) - 1
     expected = [([1, 2, *range(5, 3 + int(lengths[r.episode]))][:-1] + [-1] * width)[:width] for r in chunks[0]]
     assert collate(chunks[0], pad_id=-1).input_ids.tolist() == expected
+
+
+def test_a_shared_prefix_counts_once_in_the_budget():
+    """With ``prefix`` P, a micro-batch of n rows, the longest L, costs P + n·(L − P) from two rows
+    on; every row still lands once, longest first, and P = 0 cuts as before."""
+    rng = np.random.default_rng(1)
+    prompt = list(range(1, 41))
+    lengths = rng.integers(45, 90, size=20)
+    episodes = [Episode(task_id="t", segments=[Segment(prompt_ids=prompt, turns=[turn(range(500, 500 + n - 40), [-0.1] * (n - 40))])])
+                for n in lengths]
+    rows = episode_rows(episodes, [1.0] * len(episodes))
+    prefix = common_prefix(rows, 16)
+    assert prefix == 39  # the prompt's inputs before the first model target
+    chunks = micro_batches(rows, 300, prefix)
+    assert sorted(row.episode for chunk in chunks for row in chunk) == list(range(20))
+    for chunk in chunks:
+        width = max(len(r) for r in chunk)
+        assert prefix + len(chunk) * (width - prefix) <= 300 or len(chunk) == 1
+    assert len(chunks) < len(micro_batches(rows, 300))
+    assert micro_batches(rows, 300, 0) == micro_batches(rows, 300)
+    other = episode_rows([Episode(task_id="t", segments=[Segment(prompt_ids=[7, *prompt[1:]],
+                                                                 turns=[turn([600, 601], [-0.1, -0.1])])])], [1.0])
+    assert common_prefix([*rows, *other], 16) == 0  # a row that differs at its first id: nothing shared
 
 
 def test_sampler_versions_travel_with_their_targets_and_are_minus_one_elsewhere():

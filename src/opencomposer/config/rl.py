@@ -226,8 +226,10 @@ class RLConfig(Section):
     """Run the trainer's forward passes (policy and reference) under bf16 autocast; parameters and
     Adam's state stay in the model's dtype."""
     micro_batch_tokens: int = 16_384
-    """Padded positions (rows × longest row) per micro-batch; bounds activation memory. Gradients of
-    the micro-batches of a step add up before the one optimizer step."""
+    """Padded positions (rows × longest row) per micro-batch; bounds activation memory. On one
+    process the prefix every row shares (the system prompt) counts once, as the shared-prefix
+    forward computes it once (``training.packing.micro_batches``). Gradients of the micro-batches
+    of a step add up before the one optimizer step."""
     pack_tokens: int = 0
     """Sequence packing: segments share batch rows of at most this many positions, each attending
     only to itself (``training.packing.pack_rows``), instead of one padded row each; 0 (default)

@@ -396,11 +396,16 @@ class Trainer:
     def demo_chunks(self, rows: list) -> list[list]:
         """This rank's demonstrations packed several to a row (``sft.pack_tokens``) and cut into
         micro-batches (``sft.micro_batch_tokens``); one chunk of one row each without them."""
-        from opencomposer.training.packing import micro_batches, pack_rows
+        from opencomposer.training.forward import MIN_SHARED_PREFIX
+        from opencomposer.training.packing import common_prefix, micro_batches, pack_rows
 
         if self.sft.pack_tokens:  # after the split over the ranks: it balances whole sequences
             rows = pack_rows(rows, self.sft.pack_tokens)
-        return micro_batches(rows, self.sft.micro_batch_tokens) if self.sft.micro_batch_tokens else [rows]
+        if not self.sft.micro_batch_tokens:
+            return [rows]
+        # one process computes the shared prefix once (training.forward), so the budget counts it once
+        prefix = 0 if self.world.distributed else common_prefix(rows, MIN_SHARED_PREFIX)
+        return micro_batches(rows, self.sft.micro_batch_tokens, prefix)
 
     def backward(self, phase: Phase, parts: list[StepData]) -> dict[str, float]:
         """Backward of each part's summed losses (× N under FSDP, which averages gradients over the

@@ -67,12 +67,13 @@ from opencomposer.rl.losses import staleness_metrics
 from opencomposer.rl.rewards import episode_reward
 from opencomposer.rl.step import train_step
 from opencomposer.sandbox.patch import diff_stats
-from opencomposer.training.forward import reference_logprobs
+from opencomposer.training.forward import MIN_SHARED_PREFIX, reference_logprobs
 from opencomposer.training.optim import build_optimizer
 from opencomposer.training.packing import (
     Row,
     SequenceRow,
     collate,
+    common_prefix,
     episode_rows,
     micro_batches,
     pack_rows,
@@ -285,7 +286,10 @@ class Trainer:
             counts = {"step_tokens": float(sum(row.model_tokens for row in rows)),
                       "step_sequences": float(len({row.episode for row in rows if row.model_tokens}))}
         share = self._shares(rows)[world.dp_rank]  # the same share on a CP group's ranks
-        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(share, self.rl.micro_batch_tokens)]
+        # one process computes the rows' shared prefix once per micro-batch (training.forward), so
+        # the budget counts it once; a sharded policy computes every row in full
+        prefix = 0 if world.distributed else common_prefix(share, MIN_SHARED_PREFIX)
+        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(share, self.rl.micro_batch_tokens, prefix)]
         if world.cp > 1:  # whole rows, padded so that each splits into 2·cp equal chunks
             batches = [pad_batch_for_cp(batch, world.cp, self.pad_id) for batch in batches]
         return train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,

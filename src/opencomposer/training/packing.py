@@ -177,22 +177,45 @@ def padded_positions(rows: list[Row], max_tokens: int) -> tuple[int, int]:
     return real, padded
 
 
-def micro_batches(rows: list[Row], max_tokens: int) -> list[list[Row]]:
-    """Rows sorted by length (longest first) and cut so that rows × longest ≤ ``max_tokens``
-    (a row longer than the budget gets a micro-batch of its own). Deterministic."""
+def micro_batches(rows: list[Row], max_tokens: int, prefix: int = 0) -> list[list[Row]]:
+    """Rows sorted by length (longest first) and cut so that each micro-batch's positions stay
+    within ``max_tokens`` (a row longer than the budget gets a micro-batch of its own).
+    Deterministic. A micro-batch of n rows, the longest L, costs n × L; with ``prefix`` (positions
+    that every row shares and the shared-prefix forward computes once, ``common_prefix``) it costs
+    prefix + n × (L − prefix) from two rows on, so rows that share a long system prompt go more to
+    a micro-batch."""
     order = sorted(range(len(rows)), key=lambda i: (-len(rows[i]), i))
     batches: list[list[SequenceRow]] = []
     current: list[SequenceRow] = []
     for i in order:
         row = rows[i]
         width = len(current[0]) if current else len(row)
-        if current and (len(current) + 1) * width > max_tokens:
+        count = len(current) + 1
+        cost = prefix + count * (width - prefix) if prefix and count > 1 else count * width
+        if current and cost > max_tokens:
             batches.append(current)
             current = []
         current.append(row)
     if current:
         batches.append(current)
     return batches
+
+
+def common_prefix(rows: list[SequenceRow], min_prefix: int) -> int:
+    """Leading input positions that every row has the same and no loss target depends on (what
+    ``training.forward.shared_prefix_length`` finds in any micro-batch of them), or 0 when that is
+    shorter than ``min_prefix``, there are fewer than two rows, or a row is packed or carries
+    routes (router replay shares a prefix only where the routes agree too)."""
+    if len(rows) < 2 or any(not isinstance(row, SequenceRow) or row.routes is not None for row in rows):
+        return 0
+    length = min(len(row) for row in rows)
+    first = rows[0].input_ids
+    for row in rows:
+        differs = np.flatnonzero(row.input_ids[:length] != first[:length])
+        losses = np.flatnonzero(row.loss_mask[:length])
+        length = min(length, differs[0] if len(differs) else length, losses[0] if len(losses) else length)
+    length = min(length, min(len(row) for row in rows) - 1)
+    return int(length) if length >= min_prefix else 0
 
 
 def collate(rows: list[Row], pad_id: int, num_episodes: int = 0) -> TrainBatch:
