@@ -273,9 +273,10 @@ class SFTConfig(Section):
     micro_batch_tokens: int = 0
     """Gradient accumulation: a step's rows go through the model in micro-batches of at most this
     many padded positions (rows × longest, ``training.packing.micro_batches``; a longer row gets
-    one of its own; on one process the prefix every row shares counts once), each backward adding to the gradient of the whole step, which stays the
-    same. It bounds the activation memory of a step (the logits over a large vocabulary above
-    all); 0 (default) runs the step's rows at once."""
+    one of its own; on one process the prefix every row shares counts once), each backward
+    adding to the gradient of the whole step, which stays the same. It bounds the activation
+    memory of a step (the logits over a large vocabulary above all); 0 (default) runs the step's
+    rows at once."""
     pack_tokens: int = 0
     """Sequence packing: a step's demonstrations share batch rows of at most this many positions,
     each attending only to itself (``training.packing.pack_rows``), instead of one padded row
