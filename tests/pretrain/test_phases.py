@@ -302,7 +302,7 @@ def test_phases_run_in_order_and_a_resume_continues_at_the_step_with_the_same_da
 
 
 def test_a_phase_ends_when_its_condition_is_met_and_a_resume_keeps_the_shortened_plan(tmp_path: Path,
-                                                                                    tiny_tokenizer):
+                                                                                    tiny_tokenizer, capsys):
     """``pretrain.phases.until``: the phase ends at the first evaluation that meets it, the next phase
     starts at the step it ended (global steps stay contiguous), and a run cut in the next phase
     resumes with the same plan and data. Control: a condition never met takes the whole budget."""
@@ -318,8 +318,9 @@ def test_a_phase_ends_when_its_condition_is_met_and_a_resume_keeps_the_shortened
     _, _, full = run_phases(_config(tmp_path, "never", never), _corpus(), tiny_tokenizer, progress=False, probes=0)
     assert [(p.name, p.steps) for p in full.phases] == [("a", 12), ("b", 3)] and full.steps == 15
     _, _, short = run_phases(_config(tmp_path, "met", met, "pretrain.checkpoint_every=2"), _corpus(), tiny_tokenizer,
-                             progress=False, probes=0)
+                             progress=True, probes=0)
     assert [(p.name, p.steps) for p in short.phases] == [("a", 4), ("b", 3)] and short.steps == 7  # eval_every=4
+    assert "a: heldout_loss <= 1000 at step 4 of 12 (heldout_loss " in capsys.readouterr().out
     rows = _train_rows(tmp_path / "met")
     assert [(r["step"], r["phase"]) for r in rows] == [(s, 0) for s in range(1, 5)] + [(s, 1) for s in range(5, 8)]
     kept = sorted(p.name for p in (tmp_path / "met" / "checkpoints").iterdir())

@@ -265,6 +265,10 @@ class Trainer:
                         self.ended[str(phase.index)] = step + 1
                         self.shorten(phase.index, step + 1)
                         summary.steps = step + 1
+                        if self.progress and self.world.main:
+                            metric = phase.config.condition()[0]
+                            print(f"{phase.name}: {phase.config.until} at step {step + 1} of {phase.steps} "
+                                  f"({metric} {scores[metric]:.3f}); the phase ends here", flush=True)
                 if self.run_dir is not None and (last or (every and (step + 1) % every == 0)):
                     self.checkpoint(phase, step + 1, last)
                 bar.update(step + 1, loss=row["loss"])
