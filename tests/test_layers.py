@@ -25,7 +25,7 @@ PACKAGE = ROOT / "src" / "opencomposer"
 
 # Bottom to top. Names are top-level modules or packages of opencomposer.
 LAYERS: list[tuple[str, ...]] = [
-    ("types", "protocols", "io", "config"),
+    ("types", "protocols", "io", "pysource", "config"),
     ("numerics",),
     ("model",),
     ("inference",),

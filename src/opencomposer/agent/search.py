@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from opencomposer.config.agent import SEARCH_RANKERS
+from opencomposer.pysource import parse
 from opencomposer.sandbox.patch import is_ignored_name
 
 WINDOW_LINES = 40
@@ -267,7 +268,7 @@ def chunk_file(path: str, text: str) -> list[Chunk]:
     spans: list[tuple[int, int, str]] = []
     if path.endswith(".py"):
         try:
-            spans = _python_symbols(ast.parse(text))
+            spans = _python_symbols(parse(text))
         except (SyntaxError, ValueError, RecursionError):
             spans = []
     covered: set[int] = set()

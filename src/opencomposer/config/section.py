@@ -21,6 +21,8 @@ import textwrap
 import typing
 from typing import Any, ClassVar, Literal
 
+from opencomposer.pysource import parse
+
 
 class ConfigError(ValueError):
     """A recipe or override that cannot be used; the message names the key and the fix."""
@@ -57,7 +59,7 @@ def field_types(cls: type) -> dict[str, Any]:
 def field_docs(cls: type) -> dict[str, str]:
     """Field name → its docstring (the string under the field in the class body), whitespace
     collapsed: what a recipe key means, in one place, also the help text of a flag derived from it."""
-    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    (node,) = parse(textwrap.dedent(inspect.getsource(cls))).body
     docs = {}
     for field, doc in zip(node.body, node.body[1:]):
         if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and isinstance(doc, ast.Expr) \

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from opencomposer.pysource import literal_eval, parse
 from opencomposer.sandbox.patch import PatchError, apply_hunks, parse_patch
 
 CONSTANT_DUNDERS = frozenset({"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__",
@@ -350,13 +351,13 @@ def _closing(line: str, start: int) -> int | None:
 
 def _literal_args(call: str) -> tuple | None:
     try:
-        node = ast.parse(call, mode="eval").body
+        node = parse(call, mode="eval").body
     except SyntaxError:
         return None
     if not isinstance(node, ast.Call) or node.keywords or not node.args:
         return None
     try:
-        return tuple(ast.literal_eval(a) for a in node.args)
+        return tuple(literal_eval(a) for a in node.args)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
 
@@ -374,7 +375,7 @@ def _literal(text: str) -> Any:
     if not text:
         return _NOTHING
     try:
-        return ast.literal_eval(text)
+        return literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return _NOTHING
 
@@ -416,7 +417,7 @@ def _special_cases(path: str, nodes: list[ast.AST], added: set[int], examples: E
 def _key(node: ast.AST) -> tuple[str, Any]:
     """(the canonical text of a literal node, its value), ("", None) for a node that is no literal."""
     try:
-        value = ast.literal_eval(node)
+        value = literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return "", None
     return _canon(value), value
@@ -481,7 +482,7 @@ def _read(repo: Path | None, rel: str) -> str | None:
 
 def _parse(text: str) -> ast.Module | None:
     try:
-        return ast.parse(text)
+        return parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

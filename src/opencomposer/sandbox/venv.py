@@ -83,8 +83,9 @@ from typing import Any
 
 from opencomposer.config import SandboxConfig
 from opencomposer.io import atomic_write_text, cache_dir
+from opencomposer.pysource import literal_eval, parse
 from opencomposer.sandbox.patch import copy_tree
-from opencomposer.sandbox.workspace import Mount, Sandbox, TaskEnvironment, SandboxError
+from opencomposer.sandbox.workspace import Mount, Sandbox, SandboxError, TaskEnvironment
 from opencomposer.types import Task
 
 ENVIRONMENT_KEYS = ("python", "packages", "requirements", "install_repo", "extras", "repo_metadata", "pythonpath",
@@ -322,7 +323,7 @@ def repo_name_version(repo: Path) -> tuple[str | None, str]:
             pass
     if not name and (repo / "setup.py").is_file():
         try:
-            tree = ast.parse((repo / "setup.py").read_text(encoding="utf-8"))
+            tree = parse((repo / "setup.py").read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             tree = None
         for node in ast.walk(tree) if tree else ():
@@ -352,7 +353,7 @@ def _setup_py_requirements(path: Path, extras: tuple[str, ...]) -> list[str] | N
     """``install_requires`` (plus ``extras_require`` of ``extras``) of the ``setup()`` call when
     they are literals; [] when the call has none; None when they are computed."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse(path.read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError):
         return None
     # module-level NAME = literal, so that extras_require=EXTRAS_REQUIRE is read too (the first
@@ -368,9 +369,9 @@ def _setup_py_requirements(path: Path, extras: tuple[str, ...]) -> list[str] | N
             if any(k.arg is None for k in node.keywords):
                 return None  # setup(**options)
             try:
-                deps = list(ast.literal_eval(keywords["install_requires"])) if "install_requires" in keywords else []
+                deps = list(literal_eval(keywords["install_requires"])) if "install_requires" in keywords else []
                 if extras:
-                    optional = ast.literal_eval(keywords["extras_require"]) if "extras_require" in keywords else {}
+                    optional = literal_eval(keywords["extras_require"]) if "extras_require" in keywords else {}
                     for extra in extras:
                         deps += list(optional.get(extra, []))
             except (ValueError, TypeError, SyntaxError):

@@ -49,6 +49,7 @@ from typing import Any
 
 from opencomposer.config import SandboxConfig
 from opencomposer.io import file_lock
+from opencomposer.pysource import parse
 from opencomposer.sandbox.patch import (
     PatchError,
     apply_hunks,
@@ -153,7 +154,7 @@ def humaneval_task(problem: dict[str, str], folder: Path, overwrite: bool = Fals
 
 def _prompt_helpers(prompt: str, entry: str) -> str:
     """The source of the prompt's imports and of its functions and classes other than ``entry``."""
-    tree = ast.parse(prompt)
+    tree = parse(prompt)
     kept = [node for node in tree.body
             if isinstance(node, ast.Import | ast.ImportFrom)
             or (isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name != entry)]
@@ -474,7 +475,7 @@ def _pytest_ids(tests: dict[str, str]) -> list[str]:
     for path, text in sorted(tests.items()):
         if not (Path(path).name.startswith("test") and path.endswith(".py")):
             continue
-        for node in ast.parse(text).body:
+        for node in parse(text).body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
                 ids.append(f"{path}::{node.name}")
             elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):

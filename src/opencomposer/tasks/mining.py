@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opencomposer.config import SandboxConfig, TasksConfig
+from opencomposer.pysource import parse
 from opencomposer.sandbox.venv import (
     REQUIREMENT_FILES,
     SETUP_FILES,
@@ -226,7 +227,7 @@ def defined_names(code: Tree) -> set[str]:
         if not path.endswith(".py") or is_test_path(path):
             continue
         try:
-            tree = ast.parse(data)
+            tree = parse(data)
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
@@ -250,7 +251,7 @@ def used_names(tests: Tree) -> set[str]:
         if not path.endswith(".py"):
             continue
         try:
-            tree = ast.parse(data)
+            tree = parse(data)
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):

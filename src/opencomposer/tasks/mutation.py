@@ -43,6 +43,7 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from opencomposer.pysource import parse
 from opencomposer.tasks.generators.common import rng_for
 from opencomposer.tasks.generators.source import Tree, is_test_path
 
@@ -150,7 +151,7 @@ def _is_docstring(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
 def file_mutants(path: str, source: str, lines: set[int]) -> list[Mutant]:
     """Every mutant of ``source`` at a node starting on one of ``lines`` (see the module docstring)."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return []
     offsets = _segment_offsets(source)

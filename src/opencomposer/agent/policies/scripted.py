@@ -42,6 +42,7 @@ from typing import Any
 
 from opencomposer.agent.protocol import THINK_CLOSE, THINK_OPEN, encode, format_tool_call
 from opencomposer.model.tokenizer import IM_END
+from opencomposer.pysource import parse
 from opencomposer.sandbox.patch import apply_hunks, parse_patch
 from opencomposer.types import Context, PolicyOutput, Task, ToolCall
 
@@ -266,7 +267,7 @@ def explore_script(task: Task) -> list[ScriptTurn]:
     for fp in patches:
         original = (task.repo / fp.path).read_bytes().decode("utf-8")
         try:
-            functions = [node for node in ast.walk(ast.parse(original))
+            functions = [node for node in ast.walk(parse(original))
                          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
         except SyntaxError:
             functions = []

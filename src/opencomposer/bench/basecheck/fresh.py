@@ -43,6 +43,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from opencomposer.bench.basecheck.common import BasecheckError, model_device, start_id
+from opencomposer.pysource import literal_eval, parse
 
 KINDS = ("default", "base", "raises", "caller")  # question kinds, in quota order
 MAX_ANSWER_CHARS = 60  # longer defaults or base expressions are skipped (multi-line literals, calls)
@@ -167,11 +168,11 @@ def _defaults(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str, ast
 def _value_key(text: str) -> str:
     """What makes two default texts the same answer: ``'a'`` and ``"a"``, ``0`` and ``0``."""
     try:
-        node = ast.parse(text, mode="eval").body
+        node = parse(text, mode="eval").body
     except SyntaxError:
         return text
     try:
-        value = ast.literal_eval(node)
+        value = literal_eval(node)
         return f"{type(value).__name__}:{value!r}"
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return ast.dump(node)
@@ -234,7 +235,7 @@ def _parse(path: str) -> _Parsed | None:
         if Path(path).stat().st_size > MAX_MODULE_BYTES:
             return None
         source = Path(path).read_text(encoding="utf-8")
-        tree = ast.parse(source)
+        tree = parse(source)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
         return None
     return _Parsed(source, source.encode("utf-8").splitlines(keepends=True), tree)

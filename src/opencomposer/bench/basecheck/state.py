@@ -49,6 +49,7 @@ from typing import Any
 
 from opencomposer.bench.basecheck.common import BasecheckError, heldout_project_roots, model_device, start_id
 from opencomposer.config import BasecheckConfig
+from opencomposer.pysource import parse
 
 DIFF_CONTEXT = 1  # context lines of the diffs shown: with 1, the final file is not in the last diff
 STOP_TEXT = "```"
@@ -132,7 +133,7 @@ def _snippets(roots: list[Path], max_chars: int) -> list[tuple[str, str]]:
                 continue
             text = tree[rel].decode("utf-8")
             lines = text.splitlines(keepends=True)
-            for node in ast.parse(text).body:
+            for node in parse(text).body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                     snippet = "".join(lines[first - 1 : node.end_lineno])

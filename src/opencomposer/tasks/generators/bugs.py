@@ -40,6 +40,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from opencomposer.pysource import parse
 from opencomposer.tasks.generators.common import Candidate, Lab, Rejected
 from opencomposer.tasks.generators.edits import (
     Edit,
@@ -47,7 +48,6 @@ from opencomposer.tasks.generators.edits import (
     apply_edits,
     function_of,
     humanize,
-    parse,
     remove_statement,
     strip_tests,
 )

@@ -30,6 +30,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from opencomposer.pysource import parse
 from opencomposer.tasks.generators.bugs import failing_by_file, hide_tests
 from opencomposer.tasks.generators.common import Candidate, Lab, Rejected
 from opencomposer.tasks.generators.edits import (
@@ -39,7 +40,6 @@ from opencomposer.tasks.generators.edits import (
     first_line,
     mentioning,
     names_used,
-    parse,
     prune_import,
     prune_unused_imports,
     remove_statement,

@@ -15,26 +15,10 @@ from __future__ import annotations
 import ast
 import io
 import re
-import threading
 import tokenize
 from dataclasses import dataclass
 
-# CPython 3.11 keeps the AST converter's recursion counter in interpreter-wide state, so two
-# threads parsing at once can fail with "SystemError: AST constructor recursion depth mismatch".
-# Generators run task indices in threads; every parse goes through this lock.
-_AST_LOCK = threading.Lock()
-
-
-def parse(text: str) -> ast.Module:
-    """``ast.parse``, safe to call from several threads."""
-    with _AST_LOCK:
-        return ast.parse(text)
-
-
-def literal_eval(text: str):
-    """``ast.literal_eval`` of source text, safe to call from several threads."""
-    with _AST_LOCK:
-        return ast.literal_eval(text)
+from opencomposer.pysource import parse
 
 
 @dataclass(frozen=True)

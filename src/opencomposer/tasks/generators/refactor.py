@@ -32,12 +32,12 @@ import random
 import re
 from dataclasses import dataclass
 
+from opencomposer.pysource import literal_eval
 from opencomposer.tasks.generators.common import Candidate, Lab
 from opencomposer.tasks.generators.edits import (
     Edit,
     Source,
     apply_edits,
-    literal_eval,
     name_tokens,
     string_tokens,
 )
