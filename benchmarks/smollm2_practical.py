@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import math
 import statistics
@@ -394,7 +395,7 @@ def rl_step(args: argparse.Namespace) -> dict:
         if args.quick:
             common.append(f"sampling.max_new_tokens={args.new_tokens}")
         sides = {"fp32, no prefix cache": ["rl.bf16=false", "inference.prefix_cache_tokens=0"], "the recipe": []}
-        count = iter(range(10**6))
+        count = itertools.count()
 
         def side(overrides: list[str]) -> Callable[[], dict]:
             def run() -> dict:

@@ -11,6 +11,7 @@ from opencomposer.training.packing import (
     common_prefix,
     episode_rows,
     micro_batches,
+    padded_positions,
     segment_arrays,
     segment_versions,
 )
@@ -105,6 +106,7 @@ def test_a_shared_prefix_counts_once_in_the_budget():
         width = max(len(r) for r in chunk)
         assert prefix + len(chunk) * (width - prefix) <= 300 or len(chunk) == 1
     assert len(chunks) < len(micro_batches(rows, 300))
+    assert padded_positions(rows, 300, prefix)[1] == sum(len(c) * max(len(r) for r in c) for c in chunks)
     assert micro_batches(rows, 300, 0) == micro_batches(rows, 300)
     other = episode_rows([Episode(task_id="t", segments=[Segment(prompt_ids=[7, *prompt[1:]],
                                                                  turns=[turn([600, 601], [-0.1, -0.1])])])], [1.0])

@@ -264,13 +264,18 @@ class Trainer:
         shares = split_rows(rows, self.world.dp_size) if self.world.distributed else [rows]
         return [self._packed(share) for share in shares]
 
+    def _prefix(self, share: list[Row]) -> int:
+        """The positions a micro-batch's budget counts once: one process computes the rows' shared
+        prefix once per micro-batch (``training.forward``); a sharded policy computes every row in full."""
+        return 0 if self.world.distributed else common_prefix(share, MIN_SHARED_PREFIX)
+
     def _layout_metrics(self, rows: list[SequenceRow]) -> dict[str, float]:
         """How the step's rows were laid out: ``padding_fraction`` (padded positions of all the
         micro-batches, every rank) and, over data-parallel ranks, ``dp_cost_imbalance`` (the
         busiest rank's ``distributed.balance.row_cost`` over the mean; 1 is perfect)."""
         shares = self._shares(rows)
-        real, padded = (sum(n) for n in zip(*(padded_positions(s, self.rl.micro_batch_tokens) for s in shares),
-                                              strict=True))
+        real, padded = (sum(n) for n in zip(*(padded_positions(s, self.rl.micro_batch_tokens, self._prefix(s))
+                                              for s in shares), strict=True))
         metrics = {"padding_fraction": 1.0 - real / max(padded, 1)}
         if len(shares) > 1:
             costs = [sum(row_cost(len(part)) for row in share for part in row_parts(row)) for share in shares]
@@ -286,10 +291,8 @@ class Trainer:
             counts = {"step_tokens": float(sum(row.model_tokens for row in rows)),
                       "step_sequences": float(len({row.episode for row in rows if row.model_tokens}))}
         share = self._shares(rows)[world.dp_rank]  # the same share on a CP group's ranks
-        # one process computes the rows' shared prefix once per micro-batch (training.forward), so
-        # the budget counts it once; a sharded policy computes every row in full
-        prefix = 0 if world.distributed else common_prefix(share, MIN_SHARED_PREFIX)
-        batches = [collate(chunk, self.pad_id) for chunk in micro_batches(share, self.rl.micro_batch_tokens, prefix)]
+        batches = [collate(chunk, self.pad_id)
+                   for chunk in micro_batches(share, self.rl.micro_batch_tokens, self._prefix(share))]
         if world.cp > 1:  # whole rows, padded so that each splits into 2·cp equal chunks
             batches = [pad_batch_for_cp(batch, world.cp, self.pad_id) for batch in batches]
         return train_step(self.model, self.optimizer, batches, self.rl, temperature=self.temperature,

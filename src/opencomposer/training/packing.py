@@ -169,11 +169,11 @@ def pack_rows(rows: list[SequenceRow], max_tokens: int) -> list[PackedRow]:
     return [PackedRow([rows[i] for i in sorted(members)]) for members in bins]
 
 
-def padded_positions(rows: list[Row], max_tokens: int) -> tuple[int, int]:
+def padded_positions(rows: list[Row], max_tokens: int, prefix: int = 0) -> tuple[int, int]:
     """``(positions holding a token, positions after padding)`` of ``rows`` cut into micro-batches
-    of ``max_tokens`` (``micro_batches``): what packing saves."""
+    of ``max_tokens`` (``micro_batches``, with its ``prefix``): what packing saves."""
     real = sum(len(row) for row in rows)
-    padded = sum(len(chunk) * max(len(row) for row in chunk) for chunk in micro_batches(rows, max_tokens))
+    padded = sum(len(chunk) * max(len(row) for row in chunk) for chunk in micro_batches(rows, max_tokens, prefix))
     return real, padded
 
 
