@@ -8,7 +8,9 @@ Three ways to lay out the same rows, side by side on the same model and the same
 - ``packed``: segments packed into rows of ``--pack-tokens`` (``training.packing.pack_rows``);
 - ``prefix-once``: ``padded+prefix`` with micro-batches that count the shared prefix once in
   ``--micro-batch-tokens`` (``micro_batches(..., prefix)``, what one process's RL trainer and SFT
-  now do), so more rows share each computation of it.
+  did before ``step-prefix``), so more rows share each computation of it;
+- ``step-prefix``: ``prefix-once``'s micro-batches with the prefix run once for the whole step
+  (``training.forward.StepPrefix``: what one process's RL trainer does now).
 
 Two length mixes: ``harness`` (every row opens with the same ``--prefix`` tokens, a system prompt
 and tool list, then an episode tail of 100 to 2,000 tokens, log-uniform: agent rollouts) and
@@ -21,7 +23,7 @@ tokens per second, and the speed of ``packed`` over each of the others.
     .venv/bin/python benchmarks/packing.py --model smollm2-shape --rows 8 --steps 2
     .venv/bin/python benchmarks/packing.py --quick               # three rows of the harness mix, one step
     .venv/bin/python benchmarks/packing.py --model smollm2-shape --mix harness --rows 16 \
-        --micro-batch-tokens 4096 --layouts padded+prefix,prefix-once   # smollm2-bugs' RL step shape
+        --micro-batch-tokens 4096 --layouts prefix-once,step-prefix   # smollm2-bugs' RL step shape
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 
 QUICK = {"rows": 3, "prefix": 64, "steps": 1, "mix": "harness"}
-LAYOUTS = ("padded+prefix", "padded", "packed", "prefix-once")
+LAYOUTS = ("padded+prefix", "padded", "packed", "prefix-once", "step-prefix")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -106,7 +108,7 @@ def time_layout(model, rows, layout: str, args) -> dict[str, float]:
     import opencomposer.rl.step as step_module
     from opencomposer.config import RLConfig
     from opencomposer.rl.step import train_step
-    from opencomposer.training.forward import MIN_SHARED_PREFIX, token_logprobs
+    from opencomposer.training.forward import MIN_SHARED_PREFIX, step_prefix_length, token_logprobs
     from opencomposer.training.optim import build_optimizer
     from opencomposer.training.packing import (
         collate,
@@ -120,15 +122,17 @@ def time_layout(model, rows, layout: str, args) -> dict[str, float]:
     real, padded = padded_positions(laid, args.micro_batch_tokens)
     config = RLConfig(lr=1e-7, micro_batch_tokens=args.micro_batch_tokens)
     config.kl.reference, config.kl.coef = "none", 0.0
-    prefix = common_prefix(laid, MIN_SHARED_PREFIX) if layout == "prefix-once" else 0
+    prefix = common_prefix(laid, MIN_SHARED_PREFIX) if layout in ("prefix-once", "step-prefix") else 0
     batches = [collate(chunk, 0) for chunk in micro_batches(laid, config.micro_batch_tokens, prefix)]
     optimizer = build_optimizer(model, lr=config.lr)
 
     def forward(model, batch, **kwargs):
-        kwargs["share_prefix"] = layout in ("padded+prefix", "prefix-once")
+        kwargs["share_prefix"] = layout in ("padded+prefix", "prefix-once", "step-prefix")
         return token_logprobs(model, batch, **kwargs)
 
     step_module.token_logprobs = forward
+    if layout != "step-prefix":  # the prefix computed per micro-batch (or not shared at all)
+        step_module.step_prefix_length = lambda *args, **kwargs: 0
     try:
         train_step(model, optimizer, batches, config)  # warm-up
         times = []
@@ -138,6 +142,7 @@ def time_layout(model, rows, layout: str, args) -> dict[str, float]:
             times.append(time.perf_counter() - start)
     finally:
         step_module.token_logprobs = token_logprobs
+        step_module.step_prefix_length = step_prefix_length
     seconds = statistics.median(times)
     return {"seconds": seconds, "tokens_per_s": real / seconds, "positions_real": real,
             "positions_padded": padded, "padding_fraction": 1 - real / padded, "micro_batches": len(batches),
@@ -161,8 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
                   f"padding {m['padding_fraction']:5.1%}  {m['rows']:3d} rows  {m['micro_batches']:2d} micro-batches",
                   flush=True)
         speed = {f"{fast}_over_{slow}": measured[slow]["seconds"] / measured[fast]["seconds"]
-                 for fast in ("packed", "prefix-once") for slow in LAYOUTS
-                 if fast in measured and slow in measured and slow != fast and slow != "packed"}
+                 for fast in ("packed", "prefix-once", "step-prefix") for slow in LAYOUTS
+                 if fast in measured and slow in measured and slow != fast and slow != "packed"
+                 and (fast, slow) != ("prefix-once", "step-prefix")}
         for name, ratio in speed.items():
             fast, slow = name.split("_over_")
             print(f"{mix:8s} {fast} is {ratio:.2f}x {slow}", flush=True)

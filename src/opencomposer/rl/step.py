@@ -56,7 +56,14 @@ from opencomposer.distributed.fsdp import clip_gradients, reduce_gradients
 from opencomposer.distributed.runtime import World
 from opencomposer.model.routing import ReplayStats, RouterReplay
 from opencomposer.rl.losses import LossInputs, mismatch_kl, ratio_metrics, rl_loss, staleness_metrics
-from opencomposer.training.forward import batch_to, cp_token_logprobs, padding_forward, token_logprobs
+from opencomposer.training.forward import (
+    StepPrefix,
+    batch_to,
+    cp_token_logprobs,
+    padding_forward,
+    step_prefix_length,
+    token_logprobs,
+)
 from opencomposer.training.metrics import merge_ranks
 from opencomposer.types import TrainBatch
 
@@ -116,6 +123,10 @@ def train_step(
     total_loss = 0.0
     totals: dict[str, float] = {}
     log_ratios, versions = [], []  # [tokens] per micro-batch, for the step-wide statistics
+    # one process runs the prefix every micro-batch shares once for the step (a sharded policy
+    # computes every row in full, below)
+    prefix_length = 0 if world.distributed else step_prefix_length(batches, by_routes=replay is not None)
+    step_prefix = StepPrefix(model, batches[0], prefix_length, config.bf16, replay) if prefix_length else None
     for batch in batches:
         batch = batch_to(batch, device)
         # the shared-prefix forward (training.forward) sends gradient into a second forward of each
@@ -128,7 +139,7 @@ def train_step(
         else:
             logprobs, entropy = token_logprobs(model, batch, bf16=config.bf16, temperature=temperature,
                                                top_p=top_p, top_k=top_k, replay=replay,
-                                               share_prefix=not world.distributed)
+                                               share_prefix=not world.distributed, step_prefix=step_prefix)
         inputs = dataclasses.replace(
             LossInputs.from_batch(batch, logprobs, entropy), num_tokens=num_tokens, num_sequences=num_sequences
         )
@@ -140,6 +151,8 @@ def train_step(
         log_ratios.append((logprobs.detach() - batch.sampler_logprobs)[mask])
         if trainer_version is not None:
             versions.append(batch.versions[mask])
+    if step_prefix is not None:
+        step_prefix.backward()
     for _ in range(world.max(len(batches)) - len(batches)):
         padding_forward(model, device)
     if world.distributed:

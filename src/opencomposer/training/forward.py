@@ -109,6 +109,69 @@ def shared_prefix_length(batch: TrainBatch, min_prefix: int = MIN_SHARED_PREFIX,
     return length if length >= min_prefix else 0
 
 
+def step_prefix_length(batches: list[TrainBatch], min_prefix: int = MIN_SHARED_PREFIX, by_routes: bool = False) -> int:
+    """How many leading input positions every row of every micro-batch in ``batches`` shares and no
+    loss target depends on (``shared_prefix_length`` across the step); 0 when there is one batch,
+    a packed one, or a shorter prefix than ``min_prefix``. Each row keeps at least one position."""
+    if len(batches) < 2 or any(bool(b.segment_ids.any()) for b in batches):
+        return 0
+    first = batches[0]
+    length = min(b.input_ids.shape[1] for b in batches) - 1
+    for batch in batches:
+        window = slice(0, length)
+        differs = ((batch.input_ids[:, window] != first.input_ids[:1, window]).any(0)
+                   | (batch.position_ids[:, window] != first.position_ids[:1, window]).any(0))
+        if by_routes and batch.routes is not None:
+            differs |= (batch.routes[:, window] != first.routes[:1, window]).flatten(2).any(-1).any(0)
+        length = min(length, _first_true(differs), first_loss_position(batch))
+    return length if length >= min_prefix else 0
+
+
+class StepPrefix:
+    """The prefix every micro-batch of a step shares, run through the model once for the step.
+
+    ``token_logprobs`` computes a micro-batch's shared prefix once per micro-batch, so a step of
+    several micro-batches behind one system prompt would run that prefix, forward and backward, in
+    each. Here it runs once: each micro-batch attends to copies of its keys and values made from
+    detached leaves (``cache``), the gradient that the micro-batches' backward passes send into
+    those leaves adds up across them, and ``backward`` then sends the sum through the prefix's own
+    graph once. By the chain rule this is the gradient of recomputing the prefix per micro-batch
+    (the test compares the two); only the order of some additions changes. ``replay``: the prefix
+    is routed by the first row's recorded routes, as ``token_logprobs`` routes its own."""
+
+    def __init__(self, model: torch.nn.Module, batch: TrainBatch, length: int, bf16: bool = False,
+                 replay: RouterReplay | None = None):
+        device = next(model.parameters()).device
+        window = (slice(0, 1), slice(0, length))
+        routed = contextlib.nullcontext() if replay is None else replay.routes(batch.routes[window].to(device))
+        with autocast(device, bf16), routed:
+            out = model(input_ids=batch.input_ids[window].to(device), position_ids=batch.position_ids[window].to(device),
+                        use_cache=True, logits_to_keep=1)
+        self.length = length
+        self.input_ids = batch.input_ids[0, :length].clone()
+        self.config = model.config
+        self.outputs = [(layer.keys, layer.values) for layer in getattr(out, cache_argument(model)).layers]
+        # float32 leaves: under bf16 autocast the micro-batches' gradients add up in float32
+        self.leaves = [(k.detach().float().requires_grad_(True), v.detach().float().requires_grad_(True))
+                       for k, v in self.outputs]
+
+    def cache(self, rows: int) -> Any:
+        """A fresh key/value cache of the prefix for ``rows`` rows, differentiable into the leaves."""
+        from transformers import DynamicCache
+
+        data = [(k.to(out_k.dtype).repeat(rows, 1, 1, 1), v.to(out_v.dtype).repeat(rows, 1, 1, 1))
+                for (k, v), (out_k, out_v) in zip(self.leaves, self.outputs, strict=True)]
+        return DynamicCache(ddp_cache_data=data, config=self.config)
+
+    def backward(self) -> None:
+        """Send the gradient the micro-batches left in the leaves through the prefix's forward."""
+        pairs = [(out, leaf.grad) for outs, leaves in zip(self.outputs, self.leaves, strict=True)
+                 for out, leaf in zip(outs, leaves, strict=True) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad.to(out.dtype) for out, grad in pairs])
+        self.outputs = self.leaves = []
+
+
 @functools.cache
 def per_row_logits() -> bool:
     """Whether the installed transformers takes a ``[rows, seq]`` boolean ``logits_to_keep``
@@ -161,6 +224,7 @@ def token_logprobs(
     top_p: float = 1.0,
     top_k: int = 0,
     replay: RouterReplay | None = None,
+    step_prefix: StepPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [rows, seq] (differentiable), [rows, seq] or None
     """log π(target_t) at every position, and the entropy of π there (detached, when asked).
 
@@ -168,7 +232,8 @@ def token_logprobs(
     cut by ``top_p`` / ``top_k`` and renormalised (``token_logprobs_and_entropy``; the sampler
     records its logprobs by the same rule), so at step 0 the trainer's log π equals the sampler's
     logprobs whatever the sampling settings. ``replay``: route the MoE layers by ``batch.routes``
-    (module doc); its ``stats`` count what it replayed and replaced."""
+    (module doc); its ``stats`` count what it replayed and replaced. ``step_prefix``: the step's
+    shared prefix, already run (``StepPrefix``); the batch's rows begin with it."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
     if replay is not None and batch.routes is None:
@@ -183,6 +248,12 @@ def token_logprobs(
     # block-diagonal mask comes from the position ids only in a forward without a cache
     packed = bool(batch.segment_ids.any())
     prefix = shared_prefix_length(batch, by_routes=replay is not None) if share_prefix and not packed else 0
+    if step_prefix is not None:
+        length = step_prefix.length
+        if (packed or length > min(seq - 1, first_loss_position(batch))
+                or not bool((batch.input_ids[:, :length] == step_prefix.input_ids).all())):
+            raise ValueError(f"step_prefix: this batch's rows do not all begin with its {length} unscored positions")
+        prefix = step_prefix.length
     keep = None
 
     def routed(window: tuple[slice, slice]):
@@ -190,12 +261,15 @@ def token_logprobs(
 
     with autocast(device, bf16):
         if prefix:
-            with routed((slice(0, 1), slice(0, prefix))):
-                shared = model(input_ids=input_ids[:1, :prefix], position_ids=position_ids[:1, :prefix],
-                               use_cache=True, logits_to_keep=1)
             name = cache_argument(model)  # "cache", or "past_key_values" in older transformers
-            cache = getattr(shared, name)
-            cache.batch_repeat_interleave(rows)
+            if step_prefix is not None:
+                cache = step_prefix.cache(rows)
+            else:
+                with routed((slice(0, 1), slice(0, prefix))):
+                    shared = model(input_ids=input_ids[:1, :prefix], position_ids=position_ids[:1, :prefix],
+                                   use_cache=True, logits_to_keep=1)
+                cache = getattr(shared, name)
+                cache.batch_repeat_interleave(rows)
             suffix_keep = seq - start
             if per_row_logits():  # the vocabulary projection at the scored positions only (below)
                 keep = _scored_mask(batch, device)
