@@ -404,7 +404,8 @@ def rl_step(args: argparse.Namespace) -> dict:
                 [row] = read_metrics(root / name, "train")
                 return dict(seconds=row["step_s"], train_s=row["train_s"], rollout_s=row["step_s"] - row["train_s"],
                             episodes=args.rl_tasks * args.group, episode_tokens=row["episode_tokens"],
-                            episode_turns=row["episode_turns"], reward=row["reward_mean"])
+                            episode_turns=row["episode_turns"], reward=row["reward_mean"],
+                            engine_calls=row.get("engine_calls"), engine_rows=row.get("engine_rows"))
             return run
 
         runs = interleaved({name: side(overrides) for name, overrides in sides.items()}, args.repeats, warmup=False)
