@@ -113,3 +113,51 @@ def test_engine_errors_are_raised_in_every_caller(engine):
     # the batcher is usable afterwards
     ok = run_threads(batcher, [([1, 2], SamplingParams(max_new_tokens=3, seed=2))])
     assert ok[0].token_ids == engine.generate([[1, 2]], SamplingParams(max_new_tokens=3, seed=2))[0].token_ids
+
+
+class SlowEngine:
+    """``engine`` whose every call takes ``seconds`` longer: a batch long enough for the sessions
+    it left behind to queue up behind it."""
+
+    def __init__(self, engine, seconds: float):
+        self.engine, self.seconds = engine, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, *args, **kwargs):
+        time.sleep(self.seconds)
+        return self.engine.generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("from_batch_end", [True, False])
+def test_a_request_queued_behind_a_batch_waits_for_the_sessions_that_batch_served(engine, monkeypatch,
+                                                                                 from_batch_end: bool):
+    """Episode A asks while B is still in a tool call, so A's turn starts alone after ``max_wait_s``;
+    B asks while it runs. When it ends, A is in its next tool call (0.1 s). The wait counts from
+    the end of that batch, so B waits for A and their turns share the next call: calls of 1 and 2
+    rows. Control: counted from B's arrival alone, B's wait is long over, it starts alone, and A's
+    next turn queues behind it: the two episodes take turns at the engine (1, 1, 1)."""
+    if not from_batch_end:
+        monkeypatch.setattr(BatchingEngine, "_waiting_since", lambda self: self._pending[0].arrived)
+    batcher = BatchingEngine(SlowEngine(engine, 1.5), max_wait_s=0.5)
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, seed=3, ignore_eos=True)
+    a, b = batcher.session(), batcher.session()
+
+    def episode_a():
+        with a:
+            a.generate([[1, 2, 3]], params)
+            time.sleep(0.1)  # a tool call
+            a.generate([[1, 2, 3, 4, 5]], params)
+
+    def episode_b():
+        with b:
+            time.sleep(0.8)  # in a tool call while A's first turn starts
+            b.generate([[7, 8, 9]], params)
+
+    threads = [threading.Thread(target=episode_a), threading.Thread(target=episode_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert batcher.stats.call_sizes == ([1, 2] if from_batch_end else [1, 1, 1])

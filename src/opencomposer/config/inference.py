@@ -51,6 +51,13 @@ class InferenceConfig(Section):
     tokens; 0 turns it off. Reuse agrees with a fresh prefill to float rounding, not bit for bit, so
     runs that must reproduce exactly leave it off (``inference.local``; docs/LOG.md measures it).
     Memory: SmolLM2 in float32 keeps ~45 KiB per position."""
+    batch_wait_s: float = 1.0
+    """How long the batching sampler of RL rollouts and evaluation (``inference.batching``) waits
+    for episodes still in a tool call before it starts a batch without them, counted from when a
+    request arrives or the previous batch ends, whichever is later. A decode step costs about the
+    same for one row as for sixteen on CPU, so a batch that leaves half the episodes behind nearly
+    doubles the sampling time; the wait is what it costs to gather them (docs/LOG.md, 2026-12-07).
+    0 starts a batch with whoever is waiting."""
     http_base_url: str = ""
     """http: the server's OpenAI API root, such as ``http://127.0.0.1:8000/v1``."""
     http_model: str = ""
@@ -65,6 +72,8 @@ class InferenceConfig(Section):
             raise ConfigError(f"inference.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if self.prefix_cache_tokens < 0:
             raise ConfigError(f"inference.prefix_cache_tokens: must be >= 0 (0 = off), got {self.prefix_cache_tokens}")
+        if self.batch_wait_s < 0:
+            raise ConfigError(f"inference.batch_wait_s: must be >= 0 seconds, got {self.batch_wait_s}")
         if self.max_model_len < 0:
             raise ConfigError(f"inference.max_model_len: must be >= 0 (0 = the model's limit), got {self.max_model_len}")
         if self.backend == "http" and not self.http_base_url:

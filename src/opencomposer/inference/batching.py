@@ -20,8 +20,13 @@ Contract of the gathering (there is no background thread):
 - consumes: requests from ``BatchingSession.generate``, called from any number of threads; each
   caller blocks until its own completions are ready.
 - waits for: a batch is dispatched once every open session has a request waiting, or once the
-  oldest waiting request has waited ``max_wait_s`` (a session busy in a tool call or in grading
-  does not hold the others for longer). One batch runs at a time.
+  oldest waiting request has waited ``max_wait_s`` since it arrived or since the previous batch
+  ended, whichever is later (a session busy in a tool call or in grading does not hold the
+  others for longer). Counting from the end of the previous batch matters: the sessions that
+  batch served are in their tool calls when it ends, and a request that queued behind it would
+  otherwise start the next batch at once without them, so the episodes would split into two
+  cohorts that take turns at the engine, each paying a whole batch of decode steps. One batch
+  runs at a time.
 - unblocks: the thread that finds the batch ready runs it (outside the lock) and hands every
   request its completions, or the engine's exception, which is then raised in every requesting
   thread (never swallowed); all waiters are woken and the next batch may start. Each completion
@@ -100,6 +105,7 @@ class BatchingEngine:
         self._open: set[int] = set()
         self._pending: list[_Request] = []
         self._busy = False
+        self._free_since = 0.0  # when the last batch ended (monotonic clock)
         self._session_ids = itertools.count()
         self._seed_rng = np.random.default_rng()
 
@@ -177,12 +183,17 @@ class BatchingEngine:
             return False
         if self._open <= {r.session for r in self._pending}:
             return True
-        return time.monotonic() - self._pending[0].arrived >= self.max_wait_s
+        return time.monotonic() - self._waiting_since() >= self.max_wait_s
+
+    def _waiting_since(self) -> float:
+        """Where the wait of the oldest pending request counts from: its arrival, or the end of the
+        previous batch if that was later (module doc, "waits for")."""
+        return max(self._pending[0].arrived, self._free_since)
 
     def _time_to_deadline(self) -> float | None:
         if not self._pending or self._busy:
             return None
-        return max(1e-3, self.max_wait_s - (time.monotonic() - self._pending[0].arrived))
+        return max(1e-3, self.max_wait_s - (time.monotonic() - self._waiting_since()))
 
     def _run_batch(self) -> None:
         """Called with the lock held; runs every pending request with the lock released."""
@@ -202,6 +213,7 @@ class BatchingEngine:
             else:
                 request.completions = results[i]
         self._busy = False
+        self._free_since = time.monotonic()
         self._cond.notify_all()
 
     def _generate(self, batch: list[_Request]) -> list[list[Completion]]:

@@ -258,4 +258,4 @@ def make_sampler(config: Config, model: Any, tokenizer: Any, version: int) -> Ba
     from opencomposer.inference.factory import make_engine
 
     return BatchingEngine(make_engine(config, model, tokenizer, policy_version=version, for_training=True,
-                                      copy_model=True))
+                                      copy_model=True), max_wait_s=config.inference.batch_wait_s)

@@ -32,7 +32,7 @@ class EvaluationService:
         engine_model = restore_attention(copy.deepcopy(model)).eval()
         convert_model(engine_model, config.numerics)  # as the trainer's policy (a no-op on a converted copy)
         self.engine = make_engine(config, engine_model, tokenizer, for_training=True)  # [inference] backend
-        self.batcher = BatchingEngine(self.engine)
+        self.batcher = BatchingEngine(self.engine, max_wait_s=config.inference.batch_wait_s)
         self.tokenizer, self.config, self.tasks = tokenizer, config, tasks
         self.load, self.grader = load, grader
         self._todo: queue.Queue[int | None] = queue.Queue()

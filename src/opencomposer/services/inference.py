@@ -76,7 +76,8 @@ class InferenceService:
         engine: Any = make_engine(self.inference, model, self.tokenizer, policy_version=version, for_training=True)
         if self.faults is not None:
             engine = _FaultyEngine(engine, self.faults)
-        return BatchingEngine(engine)
+        section = getattr(self.inference, "inference", self.inference)  # a whole recipe or its [inference]
+        return BatchingEngine(engine, max_wait_s=section.batch_wait_s)
 
     @property
     def policy_version(self) -> int:

@@ -103,6 +103,6 @@ def local_policy(argument: str, config: Config) -> EnginePolicy:
     if config.eval.workers > 1 and config.inference.backend == "local":
         # parallel episodes share decode steps; batch-invariant decoding keeps each one's tokens
         # what it samples alone (inference.invariant), so --workers changes speed, not results
-        engine = BatchingEngine(engine)
+        engine = BatchingEngine(engine, max_wait_s=config.inference.batch_wait_s)
     name = f"local:{argument}" if argument else f"local:{config.model.kind}"
     return EnginePolicy(engine, tokenizer, config.sampling, name=name)
