@@ -32,7 +32,9 @@ measurements, each two settings on the same inputs, named as ``--only`` takes th
    with ``recipes/smollm2-bugs.toml``'s settings: ``--rl-tasks`` freshly generated bug tasks ×
    ``--group`` rollouts (16 episodes by default) sampled, graded in the sandbox and trained on,
    from the untouched model (or ``--policy``, an SFT checkpoint), the recipe's speed-ups off (fp32
-   training, no prefix cache) against on. Seconds are the loop's own ``step_s`` (rollouts and
+   training, no prefix cache, a batch starts without the episodes still in a tool call:
+   ``inference.batch_wait_s = 0``) against on. The trainer runs the step's shared prefix once on
+   both sides (there is no setting for it). Seconds are the loop's own ``step_s`` (rollouts and
    grading, then the update: ``train_s``); model loading and task generation are not counted.
    Issue 40's target is the second side's seconds: at most 120 on two cores.
 
@@ -394,7 +396,9 @@ def rl_step(args: argparse.Namespace) -> dict:
                   f"rl.group_size={args.group}", "rl.checkpoint_every=1"]
         if args.quick:
             common.append(f"sampling.max_new_tokens={args.new_tokens}")
-        sides = {"fp32, no prefix cache": ["rl.bf16=false", "inference.prefix_cache_tokens=0"], "the recipe": []}
+        sides = {"fp32, no prefix cache, no batch wait": ["rl.bf16=false", "inference.prefix_cache_tokens=0",
+                                                           "inference.batch_wait_s=0"],
+                 "the recipe": []}
         count = itertools.count()
 
         def side(overrides: list[str]) -> Callable[[], dict]:
