@@ -12,8 +12,9 @@ every row is most of the work, so ``token_logprobs`` runs it **once**:
 3. the rows' remaining tokens run on top of it, and logits are kept only from the first position
    that has a loss target onward (``logits_to_keep``), so the vocabulary projection skips the
    prompt. A step of several micro-batches runs the prefix they all share once for the step
-   (``StepPrefix``, used by ``rl.step.train_step``) instead of once per micro-batch. Without a shared prefix the logits are kept at exactly the positions each row scores
-   (a boolean ``logits_to_keep``), skipping tool outputs and padding too.
+   (``StepPrefix``, used by ``rl.step.train_step``) instead of once per micro-batch. Without a
+   shared prefix the logits are kept at exactly the positions each row scores (a boolean
+   ``logits_to_keep``), skipping tool outputs and padding too.
 
 Outputs are ``[rows, seq]`` like the batch; positions outside the computed window hold 0 (their
 targets carry no loss). ``tests/training/test_forward.py`` checks values and gradients against the
