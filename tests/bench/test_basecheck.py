@@ -227,7 +227,10 @@ def _argv(out: Path, *models: str, extra: tuple[str, ...] = ()) -> list[str]:
     return argv
 
 
-def test_command_writes_the_three_keys_per_model_and_a_table(tmp_path, capsys, tiny_tokenizer):
+def test_command_writes_the_three_keys_per_model_and_a_table(tmp_path, capsys, monkeypatch, tiny_tokenizer):
+    # the table folds a long checkpoint path over lines at the terminal's width, which could split
+    # the folder name this test looks for, depending on how long pytest's temporary path is
+    monkeypatch.setenv("COLUMNS", "400")
     folders = [str(save_checkpoint(*load_model(ModelConfig(**SMALL), tiny_tokenizer, seed=seed), tmp_path / f"m{seed}"))
                for seed in (2, 3)]
     out = tmp_path / "results" / "basecheck.json"
