@@ -50,7 +50,10 @@ def _rank(rank: int, port: int, cp: int, folder: str, config: SFTConfig = SFT) -
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize(("cp", "micro"), [(1, 0), (2, 0), pytest.param(1, 64, marks=pytest.mark.slow)],
+# cp = 2 in the slow set: context parallelism at two ranks stays in make test through the RL step and
+# the asynchronous run (tests/distributed/test_dp_rl_step.py, test_dp_rl_run.py)
+@pytest.mark.parametrize(("cp", "micro"), [(1, 0), pytest.param(2, 0, marks=pytest.mark.slow),
+                                           pytest.param(1, 64, marks=pytest.mark.slow)],
                          ids=["dp2", "cp2", "dp2-micro"])  # micro-batches on ranks: test_dp_rl_step.py too
 def test_sft_steps_at_world_size_2_equal_one_process(tiny_tokenizer, tmp_path, cp, micro):
     """``dp2-micro``: each rank's rows in micro-batches of at most 64 padded positions (gradient

@@ -452,6 +452,7 @@ def test_an_sft_phase_trains_on_the_oracles_model_tokens(tmp_path: Path, tiny_to
 # ------------------------------------------------------------------------------------------ slow
 
 
+@pytest.mark.slow  # in make test: the in-process resume cut mid-plan above (the same steps and data)
 def test_a_killed_pretrain_command_resumes_mid_phase(tmp_path: Path):
     """``opencomposer pretrain`` killed with SIGKILL mid-phase; the rerun continues from the last
     checkpoint with the steps and batches of an uninterrupted run (a 1-layer model, so that the
