@@ -11,7 +11,10 @@ measurements, each two settings on the same inputs, named as ``--only`` takes th
    ``pretrain.sft``, backward, an AdamW step) on ``--batch`` episode rows, fp32 against bf16
    autocast (shared-prefix forward on in both). The weights are restored before every timed
    step, so every step starts from the same weights; the note gives the relative difference of
-   the loss and of the gradient norm between the two.
+   the loss and of the gradient norm between the two, and how near each side comes to the
+   machine's matrix throughput: the FLOPs a step computes (``torch.utils.flop_counter``, one
+   untimed step) over its seconds, against one matrix product at the model's MLP shape in the
+   same precision, timed in the same run (``matmul_peak_tflops``, ``fraction_of_peak``).
 2. ``shared_prefix``: the same step (bf16) with ``share_prefix`` off against on: the system
    prompt every row shares computed once instead of once per row.
 3. ``kv_cache``: the sampler (``LocalEngine``) generating each turn of a recorded episode, the
@@ -219,6 +222,8 @@ def trainer(h: Harness, args: argparse.Namespace, wanted: set[str]) -> dict[str,
     configs = {"fp32": (False, True), "bf16": (True, True), "bf16, no shared prefix": (True, False)}  # bf16, share
     needed = dict.fromkeys(setting for name, settings in TRAINER_PAIRS.items() if name in wanted for setting in settings)
     runs = interleaved({name: step(*configs[name]) for name in needed}, args.repeats, args.warmup)
+    flops = {name: counted_flops(step(*configs[name])) for name in needed}  # what each step computes, untimed
+    peak = {dtype: matmul_peak(dtype) for dtype in ("fp32", "bf16")} if "bf16" in wanted else {}
     model.load_state_dict(initial)
     model.eval()
     optimizer.zero_grad(set_to_none=True)
@@ -236,11 +241,46 @@ def trainer(h: Harness, args: argparse.Namespace, wanted: set[str]) -> dict[str,
             fp32 = median(runs["fp32"], "loss")
             to_fp32 = [relative(loss, fp32) for loss in losses]
             note += f"; loss vs fp32 {to_fp32[0]:.1e} / {to_fp32[1]:.1e} rel"
-        out[name] = pair(settings, runs, note,
+        rates = [flops[s] / median(runs[s]) / 1e12 for s in settings]
+        extra: dict[str, Any] = {}
+        if name == "bf16":  # each side against the machine's matrix product in its own precision
+            fractions = [rate / peak[dtype] for rate, dtype in zip(rates, ("fp32", "bf16"))]
+            note += (f"; {rates[0]:.3f} / {rates[1]:.3f} TFLOP/s = {fractions[0]:.0%} / {fractions[1]:.0%} of "
+                     f"the fp32 / bf16 matrix product ({peak['fp32']:.3f} / {peak['bf16']:.3f})")
+            extra = dict(matmul_peak_tflops=peak, fraction_of_peak=fractions)
+        out[name] = pair(settings, runs, note, flops=[flops[s] for s in settings], tflops_per_second=rates, **extra,
                          tokens_per_second=[tokens / s for s in (median(runs[n]) for n in settings)],
                          loss=losses, grad_norm=norms, loss_rel_diff=loss_diff, grad_norm_rel_diff=norm_diff,
                          batch=shape)
     return out
+
+
+def counted_flops(run: Callable[[], dict]) -> float:
+    """The floating-point operations one step computes (forward, backward, the optimizer's products
+    are none), as ``torch.utils.flop_counter`` counts its matrix products and attention: what the
+    step does, so the shared prefix computed once counts once and the vocabulary projection only
+    where a position is scored (not the 6·N·T of a model-FLOPs account)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return float(counter.get_total_flops())
+
+
+def matmul_peak(dtype: str, seconds: float = 2.0) -> float:
+    """TFLOP/s of one matrix product at the model's MLP shape (2,048 positions × 576 → 1,536), on
+    this process's threads and clock: the rate a step made of such products could reach."""
+    kind = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(2048, 576, generator=generator).to(kind)
+    b = torch.randn(576, 1536, generator=generator).to(kind)
+    for _ in range(3):
+        a @ b
+    started, products = clock(), 0
+    while clock() - started < seconds:
+        a @ b
+        products += 1
+    return products * 2 * 2048 * 576 * 1536 / (clock() - started) / 1e12
 
 
 # -- sampler -------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ every measurement at tiny sizes: the JSON has all six, each with two positive ti
 finite speed-up; bf16 autocast changes the SFT loss by well under 5% (the accuracy it trades is
 small, whatever the speed); the shared-prefix forward computes the same loss up to bf16 rounding
 (the two bf16 forwards round differently: on this CPU the full-sequence one lands further from
-fp32); the turn-cap share is a share; the RL step ran the loop's rollouts and update on both sides. Speed-ups are not asserted: at these sizes, on a shared machine, they are noise (the
+fp32), and counts the same FLOPs in either precision and fewer with the prefix computed once; the
+turn-cap share is a share; the RL step ran the loop's rollouts and update on both sides. Speed-ups are not asserted: at these sizes, on a shared machine, they are noise (the
 full run's numbers go to docs/LOG.md).
 """
 
@@ -46,6 +47,11 @@ def test_quick_run_measures_every_speedup_side_by_side(tmp_path, smollm2, capsys
     assert bf16["grad_norm_rel_diff"] < 0.25, bf16["grad_norm"]
     assert bf16["batch"]["shared_prefix_tokens"] > 1000  # the system prompt and tool list
     assert measurements["shared_prefix"]["loss_rel_diff"] < 0.05  # the same function, computed once
+    # the FLOPs each step computes: the same products in either precision; the prefix once computes fewer
+    assert bf16["flops"][0] == bf16["flops"][1] > 0
+    assert measurements["shared_prefix"]["flops"][1] < measurements["shared_prefix"]["flops"][0]
+    assert set(bf16["matmul_peak_tflops"]) == {"fp32", "bf16"} and all(v > 0 for v in bf16["matmul_peak_tflops"].values())
+    assert all(0 < f < 10 for f in bf16["fraction_of_peak"])  # against the product's rate, not a bound
 
     kv = measurements["kv_cache"]
     assert kv["turns"] == 5 and kv["context_tokens"] == sorted(kv["context_tokens"])
