@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from opencomposer.bench.ablation import CellRun, format_table, interval, t_975, table, table_note
+from opencomposer.bench.ablation import (
+    CellRun,
+    clipped_band,
+    format_table,
+    interval,
+    is_share,
+    t_975,
+    table,
+    table_note,
+)
 from opencomposer.cli import main
 from opencomposer.config import AblationConfig, Config, ConfigError, load_recipe
 from opencomposer.config.ablation import cell_name
@@ -57,6 +66,18 @@ def test_the_interval_against_golden_values():
     assert one.half is None and one.low is None and one.text() == "0.500"
     with pytest.raises(ValueError):
         interval([])
+
+
+def test_a_share_is_drawn_within_0_and_1_and_other_metrics_as_computed():
+    # three seeds, one collapsed: the t-interval of a pass rate reaches below 0 and above 1
+    found = interval([0.0, 0.664, 0.0])
+    assert found.low < 0 and found.high > 1
+    for metric in ("eval/pass_at_1", "eval/best_of_k", "train/resolved_rate", "router_replay_replace_rate"):
+        assert is_share(metric)
+        assert clipped_band(metric, [found.low], [found.high]) == ([0.0], [1.0])
+    for metric in ("train/reward_mean", "train/step_s", "train/kl_ref", "train/loss"):
+        assert not is_share(metric)
+        assert clipped_band(metric, [found.low], [found.high]) == ([found.low], [found.high])
 
 
 def test_the_table_says_when_there_is_one_seed():

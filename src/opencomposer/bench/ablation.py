@@ -154,9 +154,29 @@ def mean_curve(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[f
     return steps, means, lows, highs
 
 
+SHARE_PREFIXES = ("pass_at_", "best_of_")
+SHARE_SUFFIXES = ("_rate", "_share", "_fraction", "pass_at_1")
+
+
+def is_share(metric: str) -> bool:
+    """Whether ``metric`` is a share of episodes or tokens, so lies in [0, 1] (pass@1, best-of-K,
+    a resolved or replace rate)."""
+    name = metric.rsplit("/", 1)[-1]
+    return name.startswith(SHARE_PREFIXES) or name.endswith(SHARE_SUFFIXES)
+
+
+def clipped_band(metric: str, lows: list[float], highs: list[float]) -> tuple[list[float], list[float]]:
+    """The interval as drawn: a t-interval over three seeds can reach past what a share can be,
+    so a share's band stops at 0 and 1 (the table keeps the interval as computed)."""
+    if not is_share(metric):
+        return lows, highs
+    return [max(0.0, low) for low in lows], [min(1.0, high) for high in highs]
+
+
 def draw_metric(runs: list[CellRun], metric: str, path: Path) -> Path:
-    """One figure for ``metric``: the mean over seeds against steps per cell (band: the interval),
-    and beside it each cell's final values (the seeds as dots, the mean with its interval)."""
+    """One figure for ``metric``: the mean over seeds against steps per cell (band: the interval,
+    cut at 0 and 1 for a share), and beside it each cell's final values (the seeds as dots, the
+    mean with its interval)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,20 +191,25 @@ def draw_metric(runs: list[CellRun], metric: str, path: Path) -> Path:
         steps, means, lows, highs = mean_curve([curve for curve in curves if curve])
         if steps:
             curve_ax.plot(steps, means, "o-" if len(steps) < 30 else "-", color=color, label=cell, markersize=3)
-            curve_ax.fill_between(steps, lows, highs, color=color, alpha=0.2)
+            curve_ax.fill_between(steps, *clipped_band(metric, lows, highs), color=color, alpha=0.2)
         values = [run.metrics[metric] for run in done if metric in run.metrics]
         if values:
             found = interval(values)
             final_ax.plot([index] * len(values), values, ".", color=color, alpha=0.6)
-            final_ax.errorbar([index], [found.mean], yerr=None if found.half is None else [[found.half], [found.half]],
-                              fmt="s", color=color, capsize=6)
-    curve_ax.set_title(f"{metric}: mean over seeds, band = 95 % interval")
+            yerr = None
+            if found.half is not None:
+                [low], [high] = clipped_band(metric, [found.mean - found.half], [found.mean + found.half])
+                yerr = [[found.mean - low], [high - found.mean]]
+            final_ax.errorbar([index], [found.mean], yerr=yerr, fmt="s", color=color, capsize=6)
+    band = "95 % interval" + (", cut at 0 and 1" if is_share(metric) else "")
+    curve_ax.set_title(f"{metric}: mean over seeds, band = {band}")
     curve_ax.set_xlabel("step")
     curve_ax.grid(alpha=0.3)
     if cells:
         curve_ax.legend(fontsize=7)
     final_ax.set_title(f"{metric}: final value per cell")
-    final_ax.set_xticks(range(len(cells)), [cell.replace(",", ",\n") for cell in cells], fontsize=7)
+    final_ax.set_xticks(range(len(cells)), [cell.replace(",", ",\n") for cell in cells], fontsize=7,
+                        rotation=20 if len(cells) > 2 else 0, ha="right" if len(cells) > 2 else "center")
     final_ax.set_xlim(-0.5, len(cells) - 0.5)
     final_ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
