@@ -115,3 +115,22 @@ def test_router_replay_on_vllm_needs_its_prefix_cache():
         load_recipe(None, ["inference.backend=vllm", "inference.enable_prefix_caching=false", "rl.router_replay=replay"])
     load_recipe(None, ["inference.backend=vllm", "inference.enable_prefix_caching=false"])  # replay off
     load_recipe(None, ["inference.enable_prefix_caching=false", "rl.router_replay=replay"])  # the local sampler
+
+
+def test_an_async_run_with_stale_tokens_and_no_importance_weight_is_warned():
+    from opencomposer.config.rl import CORRECTING_LOSSES, RLConfig, uncorrected_staleness
+
+    def rl(**fields):
+        config = RLConfig()
+        for key, value in fields.items():
+            setattr(config, key, value)
+        return config
+
+    warned = uncorrected_staleness(rl(mode="async", max_staleness=2))  # the composer loss by default
+    assert warned is not None and "rl.max_staleness = 2" in warned and "'tis' or 'ppo_clip'" in warned
+    assert uncorrected_staleness(rl(mode="async", max_staleness=0)) is None  # sync bit for bit
+    assert uncorrected_staleness(rl(mode="sync", max_staleness=4)) is None  # the bound is async's only
+    for name in CORRECTING_LOSSES:  # every loss that weighs a token by pi_theta / pi_sampler
+        config = rl(mode="async", max_staleness=2)
+        config.loss.name = name
+        assert uncorrected_staleness(config) is None, name

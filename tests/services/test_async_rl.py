@@ -95,7 +95,8 @@ def test_staleness_one_samples_ahead_within_the_bound(tmp_path: Path):
 
     config = config_for(tmp_path, "s1", "rl.steps=3", "rl.mode=async", "rl.max_staleness=1")
     runs = []
-    run_dir = run_async(config, on_run=runs.append).run_dir
+    with pytest.warns(UserWarning, match="rl.max_staleness = 1 and rl.loss.name = 'composer'"):
+        run_dir = run_async(config, on_run=runs.append).run_dir
     rows = train_rows(run_dir)
     assert [row["policy_version"] for row in rows] == [1, 2, 3]
     assert all(0 <= row["staleness_max"] <= 1 for row in rows)

@@ -283,7 +283,11 @@ class RLConfig(Section):
     sampling for later steps while the trainer trains, within ``max_staleness``."""
     max_staleness: int = 1
     """Async only: no token trained at version t was sampled by a version older than
-    t - max_staleness. 0 reproduces the synchronous loop exactly (the same rollouts and weights)."""
+    t - max_staleness. 0 reproduces the synchronous loop exactly (the same rollouts and weights).
+    Above 0, the ``composer`` loss trains on stale tokens as if the current policy had sampled them;
+    on ``recipes/rl-tiny.toml`` that broke the policy in 1 of 3 seeds at 1, 2 of 3 at 2 and 3 of 3
+    at 4, and ``tis`` or ``ppo_clip`` kept all three at 2 (docs/ablations.md, the staleness
+    studies); a run warns (``uncorrected_staleness``)."""
     stale_policy: Literal["wait", "drop", "recompute"] = "wait"
     """Async only: how the bound is kept. ``wait``: groups are admitted only as far ahead as the
     bound allows and trained in admission order, so none can exceed it (a slow group holds the
@@ -371,3 +375,17 @@ class RLConfig(Section):
                 f"rl.task_family = {self.task_family!r} generates the tasks; leave rl.train_tasks and "
                 f"rl.eval_suite empty (got {self.train_tasks!r} and {self.eval_suite!r})"
             )
+
+
+CORRECTING_LOSSES = ("ppo_clip", "tis", "grpo", "dr_grpo", "dapo")  # each weighs a token by π_θ / π_sampler
+
+
+def uncorrected_staleness(rl: RLConfig) -> str | None:
+    """The warning an asynchronous run gets when it may train on stale tokens with a loss that
+    does not weigh them by π_θ / π_sampler (``composer``), or None."""
+    if rl.mode != "async" or rl.max_staleness == 0 or rl.loss.name in CORRECTING_LOSSES:
+        return None
+    return (f"rl.mode = 'async' with rl.max_staleness = {rl.max_staleness} and rl.loss.name = {rl.loss.name!r}: "
+            f"tokens up to {rl.max_staleness} version(s) stale are trained as if the current policy sampled them; "
+            f"on the tiny recipe this broke the policy in some seeds (docs/ablations.md, staleness studies). "
+            f"rl.loss.name = 'tis' or 'ppo_clip' corrects for it; rl.max_staleness = 0 avoids it")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 
 from opencomposer.config import Config, ConfigError, ModelConfig, to_toml
+from opencomposer.config.rl import uncorrected_staleness
 from opencomposer.distributed.runtime import World, current_world
 from opencomposer.io import atomic_directory, atomic_write_text
 from opencomposer.model.device import apply_run_settings, resolve_device
@@ -152,6 +154,9 @@ class RLRun:
             reference = frozen_copy(reference)
         from opencomposer.rl.trainer import Trainer
 
+        caveat = uncorrected_staleness(self.rl)
+        if caveat:  # RLRun is rank 0's
+            warnings.warn(caveat, UserWarning, stacklevel=2)
         self.cost = CostMeter("rl", config.run, self.model, devices=self.world.size)  # before the trainer shards it
         if checkpoint is not None:
             self.cost.resume(self.run_dir)
