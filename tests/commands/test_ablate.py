@@ -209,6 +209,23 @@ def test_a_bad_vary_is_one_line_and_exit_2(vary: str, message: str, tmp_path: Pa
     assert not captured.out and not out.exists()
 
 
+def test_a_cell_whose_rl_outgrows_its_task_pool_is_refused_before_anything_runs(tmp_path: Path, capsys):
+    # tiny-composed has 112 training prompts, each trained once: 30 steps of 4 need 120
+    out = tmp_path / "study"
+    args = ["ablate", "--vary", "rl.steps=2,30", "--out", str(out), *sets(*SMALL, "rl.task_family=tiny-composed",
+                                                                           "rl.batch_tasks=4")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "cell rl.steps=30: rl.task_family = 'tiny-composed': its training split holds 112" in err, err
+    assert not out.exists()  # no SFT prefix spent on a grid one of whose cells cannot run
+    from opencomposer.rl.tasks import check_family_length
+
+    fits = [*SMALL, "rl.task_family=tiny-composed", "rl.batch_tasks=4"]
+    check_family_length(load_recipe(None, [*fits, "rl.steps=28"]))  # the control: 28 x 4 = 112 fits
+    with pytest.raises(ConfigError, match="rl.steps × rl.batch_tasks = 30 × 4 = 120"):
+        check_family_length(load_recipe(None, [*fits, "rl.steps=30"]))
+
+
 def test_a_bad_cell_on_the_command_line_is_one_line_and_exit_2(tmp_path: Path, capsys):
     out = tmp_path / "study"
     assert main(["ablate", "--cell", "rl.lr=fast;rl.steps=2", "--out", str(out), *sets(*SMALL)]) == 2

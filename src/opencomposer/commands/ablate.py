@@ -84,6 +84,13 @@ def check_values(recipe: str | None, overrides: list[str], study: AblationConfig
             load_recipe(recipe, [*overrides, *(f"{k}={v}" for k, v in parse_cell(item).items())])
         except ConfigError as e:
             raise ConfigError(f"ablation.cells {item}: {e}") from None
+    from opencomposer.rl.tasks import check_family_length
+
+    for cell in study.grid():  # each cell's RL fits its task pool (single epoch), before any prefix runs
+        try:
+            check_family_length(load_recipe(recipe, [*overrides, *(f"{k}={v}" for k, v in cell.items())]))
+        except ConfigError as e:
+            raise ConfigError(f"cell {cell_name(cell) or '(the recipe)'}: {e}") from None
 
 
 def out_dir(config: Config, study: AblationConfig) -> Path:

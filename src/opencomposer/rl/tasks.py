@@ -301,11 +301,30 @@ class TaskStream:
                 f"{rl.steps} × {rl.batch_tasks} = {needed}; widen the band, lower rl.steps or rl.batch_tasks, or add "
                 f"tasks. The rates are kept in tasks/pass_rates.json of the run folder: the same command screens no "
                 f"task twice")
-        raise ConfigError(
-            f"{source}, but rl.steps × rl.batch_tasks = {rl.steps} × {rl.batch_tasks} = {needed}; each prompt "
-            f"is trained on once (single epoch), so lower rl.steps or rl.batch_tasks to fit {self.size} "
-            f"tasks, or {'use a family with more prompts' if rl.task_family else 'add tasks'}"
-        )
+        raise too_few_tasks(rl, source, self.size, needed)
+
+
+def too_few_tasks(rl: Any, source: str, size: int, needed: int) -> ConfigError:
+    return ConfigError(
+        f"{source}, but rl.steps × rl.batch_tasks = {rl.steps} × {rl.batch_tasks} = {needed}; each prompt "
+        f"is trained on once (single epoch), so lower rl.steps or rl.batch_tasks to fit {size} "
+        f"tasks, or {'use a family with more prompts' if rl.task_family else 'add tasks'}"
+    )
+
+
+def check_family_length(config: Config) -> None:
+    """``TaskStream.check_length`` for a recipe whose tasks come from a family, without a run
+    folder: what a command that plans many runs (``opencomposer ablate``) checks for each before
+    any runs. A folder of tasks, or a pool the pass-rate band screens, is checked at its run's start."""
+    rl = config.rl
+    if not rl.task_family or rl.task_pass_rate_band:
+        return
+    from opencomposer.tasks.generators.tiny import split_size
+
+    size, needed = split_size("train", rl.task_family), rl.steps * rl.batch_tasks
+    if size < needed:
+        raise too_few_tasks(rl, f"rl.task_family = {rl.task_family!r}: its training split holds {size} distinct "
+                                f"prompts", size, needed)
 
 
 def heldout_tasks(config: Config, run_dir: Path) -> list[Task]:
