@@ -155,7 +155,7 @@ def mean_curve(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[f
 
 
 SHARE_PREFIXES = ("pass_at_", "best_of_")
-SHARE_SUFFIXES = ("_rate", "_share", "_fraction", "pass_at_1")
+SHARE_SUFFIXES = ("_rate", "_share", "_fraction")
 
 
 def is_share(metric: str) -> bool:
