@@ -315,8 +315,10 @@ def test_a_phase_ends_when_its_condition_is_met_and_a_resume_keeps_the_shortened
                 f'warmup_steps=1}}]')
 
     met, never = phases("heldout_loss <= 1000"), phases("heldout_loss <= 0")
-    _, _, full = run_phases(_config(tmp_path, "never", never), _corpus(), tiny_tokenizer, progress=False, probes=0)
+    _, _, full = run_phases(_config(tmp_path, "never", never), _corpus(), tiny_tokenizer, progress=True, probes=0)
     assert [(p.name, p.steps) for p in full.phases] == [("a", 12), ("b", 3)] and full.steps == 15
+    printed = capsys.readouterr().out
+    assert "a: heldout_loss <= 0 not met in 12 steps (heldout_loss " in printed and "the phase ends here" not in printed
     _, _, short = run_phases(_config(tmp_path, "met", met, "pretrain.checkpoint_every=2"), _corpus(), tiny_tokenizer,
                              progress=True, probes=0)
     assert [(p.name, p.steps) for p in short.phases] == [("a", 4), ("b", 3)] and short.steps == 7  # eval_every=4
