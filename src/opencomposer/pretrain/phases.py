@@ -269,9 +269,9 @@ class Trainer:
                             metric = phase.config.condition()[0]
                             print(f"{phase.name}: {phase.config.until} at step {step + 1} of {phase.steps} "
                                   f"({metric} {scores[metric]:.3f}); the phase ends here", flush=True)
-                    elif last and step + 1 == phase.steps and phase.config.condition() and self.progress \
-                            and self.world.main:  # the budget spent and the condition not met: say so
-                        metric = phase.config.condition()[0]
+                    elif (condition := phase.config.condition()) and last and step + 1 == phase.steps \
+                            and self.progress and self.world.main:  # the budget spent, the condition not met
+                        metric = condition[0]
                         print(f"{phase.name}: {phase.config.until} not met in {phase.steps} steps "
                               f"({metric} {scores.get(metric, float('nan')):.3f}); the next phase starts anyway",
                               flush=True)

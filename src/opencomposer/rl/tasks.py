@@ -68,6 +68,7 @@ from typing import Any, Literal
 import numpy as np
 
 from opencomposer.config import Config, ConfigError
+from opencomposer.config.rl import RLConfig
 from opencomposer.types import Group, Task
 
 DrawnBy = Literal["order", "harder_later"]
@@ -292,8 +293,6 @@ class TaskStream:
         if self.size >= needed:
             return
         rl = self.config.rl
-        source = (f"rl.task_family = {rl.task_family!r}: its training split holds {self.size} distinct prompts"
-                  if rl.task_family else f"rl.train_tasks: {self.size} tasks")
         if self.kept is not None:
             raise ConfigError(
                 f"rl.task_pass_rate_band = {list(rl.task_pass_rate_band)} kept {self.size} of the {self.screened} "
@@ -301,10 +300,13 @@ class TaskStream:
                 f"{rl.steps} × {rl.batch_tasks} = {needed}; widen the band, lower rl.steps or rl.batch_tasks, or add "
                 f"tasks. The rates are kept in tasks/pass_rates.json of the run folder: the same command screens no "
                 f"task twice")
-        raise too_few_tasks(rl, source, self.size, needed)
+        raise too_few_tasks(rl, self.size, needed)
 
 
-def too_few_tasks(rl: Any, source: str, size: int, needed: int) -> ConfigError:
+def too_few_tasks(rl: RLConfig, size: int, needed: int) -> ConfigError:
+    """The error of a run whose ``rl.steps × rl.batch_tasks`` exceeds the ``size`` tasks it can draw."""
+    source = (f"rl.task_family = {rl.task_family!r}: its training split holds {size} distinct prompts"
+              if rl.task_family else f"rl.train_tasks: {size} tasks")
     return ConfigError(
         f"{source}, but rl.steps × rl.batch_tasks = {rl.steps} × {rl.batch_tasks} = {needed}; each prompt "
         f"is trained on once (single epoch), so lower rl.steps or rl.batch_tasks to fit {size} "
@@ -323,8 +325,7 @@ def check_family_length(config: Config) -> None:
 
     size, needed = split_size("train", rl.task_family), rl.steps * rl.batch_tasks
     if size < needed:
-        raise too_few_tasks(rl, f"rl.task_family = {rl.task_family!r}: its training split holds {size} distinct "
-                                f"prompts", size, needed)
+        raise too_few_tasks(rl, size, needed)
 
 
 def heldout_tasks(config: Config, run_dir: Path) -> list[Task]:
